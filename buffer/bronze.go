@@ -1,0 +1,402 @@
+package buffer
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Sentinel errors.
+var (
+	// ErrFull is returned by Append when storing the records would exceed
+	// MaxBytes and no checkpointed record is left to trim. The caller must
+	// hold its acknowledgements and retry: nothing was written.
+	ErrFull = errors.New("buffer: bronze full of unprocessed records")
+	// ErrClosed is returned after Close.
+	ErrClosed = errors.New("buffer: bronze closed")
+)
+
+// Options bound and instrument a Bronze log.
+type Options struct {
+	// Retention is the age (by received-at) after which checkpointed records
+	// are trimmed. 0 keeps them until MaxBytes forces them out.
+	Retention time.Duration
+	// MaxBytes bounds the logical size (keys + values). 0 is unbounded.
+	MaxBytes int64
+	// Clock defaults to time.Now.
+	Clock func() time.Time
+	// BeforeCommit, when set, runs inside every append transaction just
+	// before it commits; an error rolls the transaction back. It is the
+	// failure-injection point for disk-full and I/O-error tests.
+	BeforeCommit func() error
+	// ReadOnly opens the file without taking the write lock, for inspection
+	// while the agent runs elsewhere. Appends fail.
+	ReadOnly bool
+}
+
+// Bronze is the append-only log of raw messages. Append is safe for one
+// writer at a time; Read, Stats and Trim may run concurrently with it.
+type Bronze struct {
+	db   *bolt.DB
+	opts Options
+
+	mu      sync.Mutex // serialises Append and Trim
+	next    uint64     // next sequence to assign
+	records int64
+	bytes   int64
+
+	lastSeq    atomic.Uint64
+	checkpoint atomic.Uint64
+	full       atomic.Bool
+	closed     atomic.Bool
+}
+
+var (
+	bucketLog  = []byte("bronze")
+	bucketMeta = []byte("bronze_meta")
+	keyNext    = []byte("next")
+	keyRecords = []byte("records")
+	keyBytes   = []byte("bytes")
+)
+
+// Open opens (creating if needed) the Bronze log at path.
+func Open(path string, opts Options) (*Bronze, error) {
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
+	bo := &bolt.Options{Timeout: 2 * time.Second, ReadOnly: opts.ReadOnly, FreelistType: bolt.FreelistMapType, NoFreelistSync: true}
+	if opts.ReadOnly {
+		if _, err := os.Stat(path); err != nil {
+			return nil, fmt.Errorf("open bronze %s: %w", path, err)
+		}
+	}
+	db, err := bolt.Open(path, 0o600, bo)
+	if err != nil {
+		if errors.Is(err, bolt.ErrTimeout) {
+			return nil, fmt.Errorf("open bronze %s: locked by another process (is the agent running? use the status endpoint instead): %w", path, err)
+		}
+		return nil, fmt.Errorf("open bronze %s: %w", path, err)
+	}
+	b := &Bronze{db: db, opts: opts, next: 1}
+	load := func(tx *bolt.Tx) error {
+		m := tx.Bucket(bucketMeta)
+		if m == nil {
+			return nil
+		}
+		b.next = max(getUint(m, keyNext), 1)
+		b.records = int64(getUint(m, keyRecords))
+		b.bytes = int64(getUint(m, keyBytes))
+		return nil
+	}
+	if opts.ReadOnly {
+		err = db.View(load)
+	} else {
+		err = db.Update(func(tx *bolt.Tx) error {
+			for _, name := range [][]byte{bucketLog, bucketMeta} {
+				if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+					return fmt.Errorf("create bucket %s: %w", name, err)
+				}
+			}
+			return load(tx)
+		})
+	}
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open bronze %s: %w", path, err)
+	}
+	b.lastSeq.Store(b.next - 1)
+	return b, nil
+}
+
+// Close closes the file. It is safe to call twice.
+func (b *Bronze) Close() error {
+	if b.closed.Swap(true) {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.db.Close(); err != nil {
+		return fmt.Errorf("close bronze: %w", err)
+	}
+	return nil
+}
+
+// Path is the file's path.
+func (b *Bronze) Path() string { return b.db.Path() }
+
+// Append stores recs in one transaction (one fsync) and sets each record's
+// Seq. It returns only after the commit is durable. On any error nothing was
+// stored and the caller must not acknowledge the records.
+//
+// When the log is over MaxBytes, Append first trims checkpointed records in
+// the same transaction; if that does not make room it returns ErrFull.
+func (b *Bronze) Append(recs []Record) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	if b.closed.Load() {
+		return ErrClosed
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	next, records, bytes := b.next, b.records, b.bytes
+	var buf []byte
+	err := b.db.Update(func(tx *bolt.Tx) error {
+		var add int64
+		for i := range recs {
+			add += int64(8 + recs[i].EncodedSize())
+		}
+		if b.opts.MaxBytes > 0 && bytes+add > b.opts.MaxBytes {
+			n, freed, err := b.trimTx(tx, b.checkpoint.Load(), 0, bytes+add-b.opts.MaxBytes)
+			if err != nil {
+				return err
+			}
+			records -= int64(n)
+			bytes -= freed
+			if bytes+add > b.opts.MaxBytes {
+				return ErrFull
+			}
+		}
+		log := tx.Bucket(bucketLog)
+		log.FillPercent = 1 // append-only: pack pages full
+		var key [8]byte
+		for i := range recs {
+			buf = recs[i].AppendEncode(buf[:0])
+			binary.BigEndian.PutUint64(key[:], next)
+			if err := log.Put(key[:], buf); err != nil {
+				return fmt.Errorf("put seq %d: %w", next, err)
+			}
+			recs[i].Seq = next
+			next++
+			records++
+			bytes += int64(8 + len(buf))
+		}
+		if err := b.putMeta(tx, next, records, bytes); err != nil {
+			return err
+		}
+		if b.opts.BeforeCommit != nil {
+			if err := b.opts.BeforeCommit(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		for i := range recs {
+			recs[i].Seq = 0
+		}
+		if errors.Is(err, ErrFull) {
+			b.full.Store(true)
+			return err
+		}
+		return fmt.Errorf("append bronze batch of %d: %w", len(recs), err)
+	}
+	b.full.Store(false)
+	b.next, b.records, b.bytes = next, records, bytes
+	b.lastSeq.Store(next - 1)
+	return nil
+}
+
+// Read returns up to max records with Seq >= from, in order. The records own
+// their memory.
+func (b *Bronze) Read(from uint64, max int) ([]Record, error) {
+	var out []Record
+	err := b.Scan(from, func(r Record) bool {
+		r.Payload = append([]byte(nil), r.Payload...)
+		out = append(out, r)
+		return len(out) < max
+	})
+	return out, err
+}
+
+// Scan calls fn for each record with Seq >= from, in order, until fn returns
+// false. The record's Payload is only valid during the call.
+func (b *Bronze) Scan(from uint64, fn func(Record) bool) error {
+	if b.closed.Load() {
+		return ErrClosed
+	}
+	return b.db.View(func(tx *bolt.Tx) error {
+		log := tx.Bucket(bucketLog)
+		if log == nil {
+			return nil
+		}
+		var key [8]byte
+		binary.BigEndian.PutUint64(key[:], from)
+		c := log.Cursor()
+		for k, v := c.Seek(key[:]); k != nil; k, v = c.Next() {
+			r, err := DecodeRecord(binary.BigEndian.Uint64(k), v)
+			if err != nil {
+				return err
+			}
+			if !fn(r) {
+				return nil
+			}
+		}
+		return nil
+	})
+}
+
+// LastSeq is the sequence of the newest committed record (0 when empty).
+func (b *Bronze) LastSeq() uint64 { return b.lastSeq.Load() }
+
+// SetCheckpoint tells Bronze the window stage has committed everything up to
+// and including seq; only such records may be trimmed.
+func (b *Bronze) SetCheckpoint(seq uint64) { b.checkpoint.Store(seq) }
+
+// Checkpoint is the last value given to SetCheckpoint.
+func (b *Bronze) Checkpoint() uint64 { return b.checkpoint.Load() }
+
+// Full reports whether the last Append failed with ErrFull.
+func (b *Bronze) Full() bool { return b.full.Load() }
+
+// Trim deletes checkpointed records older than Retention, and the oldest
+// checkpointed records while the log is over MaxBytes. It deletes at most
+// limit records per call (0: 10,000) to keep transactions short.
+func (b *Bronze) Trim(limit int) (deleted int, err error) {
+	if b.closed.Load() {
+		return 0, ErrClosed
+	}
+	if limit <= 0 {
+		limit = 10_000
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var cutoff int64
+	if b.opts.Retention > 0 {
+		cutoff = b.opts.Clock().Add(-b.opts.Retention).UnixNano()
+	}
+	var over int64
+	if b.opts.MaxBytes > 0 && b.bytes > b.opts.MaxBytes {
+		over = b.bytes - b.opts.MaxBytes
+	}
+	if cutoff == 0 && over == 0 {
+		return 0, nil
+	}
+	var freed int64
+	err = b.db.Update(func(tx *bolt.Tx) error {
+		var err error
+		deleted, freed, err = b.trimTx(tx, b.checkpoint.Load(), cutoff, over, limit)
+		if err != nil || deleted == 0 {
+			return err
+		}
+		return b.putMeta(tx, b.next, b.records-int64(deleted), b.bytes-freed)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("trim bronze: %w", err)
+	}
+	b.records -= int64(deleted)
+	b.bytes -= freed
+	return deleted, nil
+}
+
+// trimTx deletes records from the oldest while they are checkpointed and
+// either received before cutoff (unix ns) or needed to free over bytes.
+func (b *Bronze) trimTx(tx *bolt.Tx, checkpoint uint64, cutoff, over int64, limit ...int) (int, int64, error) {
+	lim := 1 << 30
+	if len(limit) > 0 {
+		lim = limit[0]
+	}
+	log := tx.Bucket(bucketLog)
+	c := log.Cursor()
+	var n int
+	var freed int64
+	for k, v := c.First(); k != nil && n < lim; k, v = c.First() {
+		seq := binary.BigEndian.Uint64(k)
+		if seq > checkpoint {
+			break
+		}
+		r, err := DecodeRecord(seq, v)
+		if err != nil {
+			return n, freed, err
+		}
+		if freed >= over && r.ReceivedAt >= cutoff {
+			break
+		}
+		size := int64(8 + len(v))
+		if err := c.Delete(); err != nil {
+			return n, freed, fmt.Errorf("delete seq %d: %w", seq, err)
+		}
+		n++
+		freed += size
+	}
+	return n, freed, nil
+}
+
+func (b *Bronze) putMeta(tx *bolt.Tx, next uint64, records, bytes int64) error {
+	m := tx.Bucket(bucketMeta)
+	for _, kv := range []struct {
+		k []byte
+		v uint64
+	}{{keyNext, next}, {keyRecords, uint64(records)}, {keyBytes, uint64(bytes)}} {
+		if err := putUint(m, kv.k, kv.v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Stats describes the log's size and position.
+type Stats struct {
+	Records    int64
+	Bytes      int64
+	FirstSeq   uint64 // 0 when empty
+	LastSeq    uint64
+	Checkpoint uint64
+	// Backlog is the number of records after the checkpoint.
+	Backlog uint64
+	// OldestAt is the oldest record's received-at (Unix ns), 0 when empty.
+	OldestAt int64
+	MaxBytes int64
+	Full     bool
+}
+
+// Stats reads the log's size and position.
+func (b *Bronze) Stats() (Stats, error) {
+	b.mu.Lock()
+	s := Stats{Records: b.records, Bytes: b.bytes, LastSeq: b.next - 1, Checkpoint: b.checkpoint.Load(), MaxBytes: b.opts.MaxBytes, Full: b.full.Load()}
+	b.mu.Unlock()
+	if s.LastSeq > s.Checkpoint {
+		s.Backlog = s.LastSeq - s.Checkpoint
+	}
+	if b.closed.Load() {
+		return s, ErrClosed
+	}
+	err := b.db.View(func(tx *bolt.Tx) error {
+		log := tx.Bucket(bucketLog)
+		if log == nil {
+			return nil
+		}
+		k, v := log.Cursor().First()
+		if k == nil {
+			return nil
+		}
+		s.FirstSeq = binary.BigEndian.Uint64(k)
+		r, err := DecodeRecord(s.FirstSeq, v)
+		s.OldestAt = r.ReceivedAt
+		return err
+	})
+	return s, err
+}
+
+func getUint(b *bolt.Bucket, k []byte) uint64 {
+	v := b.Get(k)
+	if len(v) != 8 {
+		return 0
+	}
+	return binary.BigEndian.Uint64(v)
+}
+
+func putUint(b *bolt.Bucket, k []byte, v uint64) error {
+	var buf [8]byte
+	binary.BigEndian.PutUint64(buf[:], v)
+	if err := b.Put(k, buf[:]); err != nil {
+		return fmt.Errorf("put meta %s: %w", k, err)
+	}
+	return nil
+}

@@ -1,0 +1,21 @@
+// Package buffer is Bronze: the append-only, fsync'd bbolt log of every raw
+// message the gateway received, from which the window stage replays.
+//
+// Keys are big-endian sequence numbers assigned at append; values are Records
+// (topic, QoS, retained flag, received-at and the unparsed payload). Ingest
+// appends a whole acknowledgement batch in one transaction and acknowledges
+// to the broker only after Append returns (DESIGN invariant 1).
+//
+// # Bounds
+//
+// Retention by age and by bytes applies only to records the window stage has
+// checkpointed past (SetCheckpoint). When MaxBytes is reached and every
+// record is still unprocessed, Append returns ErrFull and stores nothing: the
+// caller withholds acknowledgements and the broker keeps queueing.
+//
+// # Caveats
+//
+// bbolt allows one process to open a file for writing; a second Open waits
+// for the lock and fails after a timeout. Inspect a running agent through its
+// status endpoint. The file never shrinks: freed pages are reused.
+package buffer

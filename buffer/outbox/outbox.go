@@ -1,0 +1,201 @@
+// Package outbox is the durable queue between the window stage, which appends
+// emitted aggregates and alerts inside its checkpoint transaction, and the
+// uplink, which seals them into batches and deletes them once acknowledged.
+//
+// The outbox lives in the state database. Every function takes the caller's
+// bbolt transaction, so appends commit atomically with the state that
+// produced them (DESIGN invariant 2).
+package outbox
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Kind says what an outbox entry carries.
+type Kind uint8
+
+const (
+	// KindAggregate is a CBOR-encoded wire.Aggregate.
+	KindAggregate Kind = 1
+	// KindAlert is a CBOR-encoded wire.Alert for the uplink.
+	KindAlert Kind = 2
+	// KindLocal is a message for the gateway's local broker (an alert or a
+	// republished aggregate): see LocalMessage.
+	KindLocal Kind = 3
+)
+
+// Entry is one queued row.
+type Entry struct {
+	Seq  uint64
+	Kind Kind
+	// EmittedAt is the logged clock (Unix milliseconds) when the window stage
+	// emitted the entry; the uplink reports the age of the oldest one.
+	EmittedAt int64
+	Data      []byte
+}
+
+var (
+	bucketRows = []byte("outbox")
+	bucketMeta = []byte("outbox_meta")
+	keyBytes   = []byte("bytes")
+	keyRows    = []byte("rows")
+)
+
+// ErrCorrupt is returned when a stored entry cannot be decoded.
+var ErrCorrupt = errors.New("outbox: corrupt entry")
+
+// Init creates the outbox buckets. Call it once in a write transaction at open.
+func Init(tx *bolt.Tx) error {
+	for _, name := range [][]byte{bucketRows, bucketMeta} {
+		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+			return fmt.Errorf("outbox: create bucket %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// Append queues one entry and returns its sequence. Sequences are assigned by
+// the bucket and so are deterministic for a deterministic series of appends.
+func Append(tx *bolt.Tx, kind Kind, emittedAt int64, data []byte) (uint64, error) {
+	b := tx.Bucket(bucketRows)
+	if b == nil {
+		return 0, errors.New("outbox: not initialised")
+	}
+	seq, err := b.NextSequence()
+	if err != nil {
+		return 0, fmt.Errorf("outbox: next sequence: %w", err)
+	}
+	v := make([]byte, 0, 1+binary.MaxVarintLen64+len(data))
+	v = append(v, byte(kind))
+	v = binary.AppendVarint(v, emittedAt)
+	v = append(v, data...)
+	if err := b.Put(seqKey(seq), v); err != nil {
+		return 0, fmt.Errorf("outbox: put %d: %w", seq, err)
+	}
+	if err := addMeta(tx, 1, int64(8+len(v))); err != nil {
+		return 0, err
+	}
+	return seq, nil
+}
+
+// Read returns up to max entries with sequence >= from, oldest first. The
+// entries' Data is copied and outlives the transaction.
+func Read(tx *bolt.Tx, from uint64, max int) ([]Entry, error) {
+	b := tx.Bucket(bucketRows)
+	if b == nil {
+		return nil, nil
+	}
+	var out []Entry
+	c := b.Cursor()
+	for k, v := c.Seek(seqKey(from)); k != nil && len(out) < max; k, v = c.Next() {
+		e, err := decode(k, v)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// Delete removes the entries with the given sequences (absent ones are skipped).
+func Delete(tx *bolt.Tx, seqs ...uint64) error {
+	b := tx.Bucket(bucketRows)
+	if b == nil {
+		return nil
+	}
+	var rows, bytes int64
+	for _, s := range seqs {
+		k := seqKey(s)
+		v := b.Get(k)
+		if v == nil {
+			continue
+		}
+		rows--
+		bytes -= int64(8 + len(v))
+		if err := b.Delete(k); err != nil {
+			return fmt.Errorf("outbox: delete %d: %w", s, err)
+		}
+	}
+	return addMeta(tx, rows, bytes)
+}
+
+// Stats is the outbox's size.
+type Stats struct {
+	Rows  uint64
+	Bytes uint64
+	// Oldest is the oldest entry's EmittedAt (Unix ms), 0 when empty.
+	Oldest int64
+}
+
+// ReadStats returns the outbox's size and the age anchor of its oldest entry.
+func ReadStats(tx *bolt.Tx) (Stats, error) {
+	var s Stats
+	m := tx.Bucket(bucketMeta)
+	if m == nil {
+		return s, nil
+	}
+	s.Rows = getUint(m, keyRows)
+	s.Bytes = getUint(m, keyBytes)
+	if b := tx.Bucket(bucketRows); b != nil {
+		if k, v := b.Cursor().First(); k != nil {
+			e, err := decode(k, v)
+			if err != nil {
+				return s, err
+			}
+			s.Oldest = e.EmittedAt
+		}
+	}
+	return s, nil
+}
+
+func decode(k, v []byte) (Entry, error) {
+	if len(k) != 8 || len(v) < 2 {
+		return Entry{}, fmt.Errorf("%w: key %x", ErrCorrupt, k)
+	}
+	e := Entry{Seq: binary.BigEndian.Uint64(k), Kind: Kind(v[0])}
+	at, n := binary.Varint(v[1:])
+	if n <= 0 {
+		return e, fmt.Errorf("%w: seq %d: emitted-at", ErrCorrupt, e.Seq)
+	}
+	e.EmittedAt = at
+	e.Data = append([]byte(nil), v[1+n:]...)
+	return e, nil
+}
+
+func addMeta(tx *bolt.Tx, rows, bytes int64) error {
+	m := tx.Bucket(bucketMeta)
+	if m == nil {
+		return errors.New("outbox: not initialised")
+	}
+	if err := putUint(m, keyRows, uint64(int64(getUint(m, keyRows))+rows)); err != nil {
+		return err
+	}
+	return putUint(m, keyBytes, uint64(int64(getUint(m, keyBytes))+bytes))
+}
+
+func seqKey(seq uint64) []byte {
+	var k [8]byte
+	binary.BigEndian.PutUint64(k[:], seq)
+	return k[:]
+}
+
+func getUint(b *bolt.Bucket, k []byte) uint64 {
+	v := b.Get(k)
+	if len(v) != 8 {
+		return 0
+	}
+	return binary.BigEndian.Uint64(v)
+}
+
+func putUint(b *bolt.Bucket, k []byte, v uint64) error {
+	var buf [8]byte
+	binary.BigEndian.PutUint64(buf[:], v)
+	if err := b.Put(k, buf[:]); err != nil {
+		return fmt.Errorf("outbox: put meta %s: %w", k, err)
+	}
+	return nil
+}
