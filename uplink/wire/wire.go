@@ -68,14 +68,14 @@ type Aggregate struct {
 
 // Alert is one alert transition.
 type Alert struct {
-	Rule     string `cbor:"rule"`
-	Device   string `cbor:"device"`
-	Metric   string `cbor:"metric"`
-	Start    int64  `cbor:"start"`
-	State    string `cbor:"state"` // "fired" or "cleared"
-	Severity string `cbor:"severity,omitempty"`
+	Rule     string  `cbor:"rule"`
+	Device   string  `cbor:"device"`
+	Metric   string  `cbor:"metric"`
+	Start    int64   `cbor:"start"`
+	State    string  `cbor:"state"` // "fired" or "cleared"
+	Severity string  `cbor:"severity,omitempty"`
 	Value    float64 `cbor:"value"`
-	Key      string `cbor:"key"`
+	Key      string  `cbor:"key"`
 	// Suppressed counts transitions the rate limit folded into this one.
 	Suppressed uint32 `cbor:"suppressed,omitempty"`
 }
