@@ -146,7 +146,6 @@ func (b *Bronze) Append(recs []Record) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	next, records, bytes := b.next, b.records, b.bytes
-	var buf []byte
 	err := b.db.Update(func(tx *bolt.Tx) error {
 		var add int64
 		for i := range recs {
@@ -165,17 +164,22 @@ func (b *Bronze) Append(recs []Record) error {
 		}
 		log := tx.Bucket(bucketLog)
 		log.FillPercent = 1 // append-only: pack pages full
-		var key [8]byte
+		// bbolt keeps the key and value slices until commit, so each record
+		// gets its own bytes in one arena; growing the arena leaves earlier
+		// slices pointing at the old, still intact, array.
+		arena := make([]byte, 0, add)
 		for i := range recs {
-			buf = recs[i].AppendEncode(buf[:0])
-			binary.BigEndian.PutUint64(key[:], next)
-			if err := log.Put(key[:], buf); err != nil {
+			start := len(arena)
+			arena = binary.BigEndian.AppendUint64(arena, next)
+			arena = recs[i].AppendEncode(arena)
+			key, val := arena[start:start+8:start+8], arena[start+8:len(arena):len(arena)]
+			if err := log.Put(key, val); err != nil {
 				return fmt.Errorf("put seq %d: %w", next, err)
 			}
 			recs[i].Seq = next
 			next++
 			records++
-			bytes += int64(8 + len(buf))
+			bytes += int64(8 + len(val))
 		}
 		if err := b.putMeta(tx, next, records, bytes); err != nil {
 			return err

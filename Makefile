@@ -1,0 +1,49 @@
+# edgeagent — the project's vocabulary. CI calls `make test` (through .ci/run).
+GO      ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT  ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+BUILD   := CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)'
+ARGS    ?=
+# Packages with fuzz targets and the targets' names, for `make fuzz`.
+FUZZTIME ?= 60s
+
+.PHONY: build test bench fuzz demo cross deb lint check clean
+
+build:
+	$(BUILD) -o bin/edgeagent ./cmd/edgeagent
+
+test: lint
+	$(GO) test -race -timeout 9m ./...
+	$(MAKE) --no-print-directory fuzz FUZZTIME=3s
+
+bench: build
+	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./... | tee bench.txt
+
+fuzz:
+	@for dir in $$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -r -n1 dirname | sort -u); do \
+	  for t in $$(grep -h '^func Fuzz' $$dir/*_test.go | sed 's/func \(Fuzz[A-Za-z0-9_]*\).*/\1/'); do \
+	    echo "fuzz $$dir $$t $(FUZZTIME)"; \
+	    $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$dir || exit 1; \
+	  done; \
+	done
+
+demo: build
+	$(GO) run ./testrig/cmd/edgerig demo --agent bin/edgeagent $(ARGS)
+
+cross:
+	mkdir -p dist
+	GOOS=linux GOARCH=arm GOARM=6 $(BUILD) -o dist/edgeagent-linux-armv6 ./cmd/edgeagent
+	GOOS=linux GOARCH=arm GOARM=7 $(BUILD) -o dist/edgeagent-linux-armv7 ./cmd/edgeagent
+	GOOS=linux GOARCH=arm64 $(BUILD) -o dist/edgeagent-linux-arm64 ./cmd/edgeagent
+	GOOS=linux GOARCH=amd64 $(BUILD) -o dist/edgeagent-linux-amd64 ./cmd/edgeagent
+
+lint:
+	@bad=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$bad" ]; then echo "gofmt needed: $$bad"; exit 1; fi
+	$(GO) vet ./...
+
+check: lint test
+
+clean:
+	rm -rf bin dist bench.txt demo-data

@@ -1,0 +1,259 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/edgeagent/edgeagent/buffer"
+)
+
+// Appender is where the committer writes: *buffer.Bronze.
+type Appender interface {
+	Append(recs []buffer.Record) error
+}
+
+// pending is one received message waiting for its group commit.
+type pending struct {
+	rec buffer.Record
+	// ack acknowledges the message to its broker; nil for QoS0 and ticks.
+	ack func()
+	// stored is set once the record committed (and was acknowledged), so a
+	// batch split by a full Bronze is not stored twice at shutdown.
+	stored bool
+}
+
+// committer group-commits pending messages to Bronze and acknowledges them,
+// in arrival order, only after the transaction holding them committed
+// (DESIGN invariant 1).
+type committer struct {
+	app      Appender
+	in       chan pending
+	interval time.Duration
+	maxBatch int
+	tick     time.Duration
+	clock    func() time.Time
+	log      *slog.Logger
+	backoff  backoff
+
+	// signalled when a batch committed, for tests and the status view.
+	stats *Stats
+}
+
+// backoff bounds the retry delay after a failed commit.
+type backoff struct{ min, max time.Duration }
+
+func (b backoff) next(d time.Duration) time.Duration {
+	if d == 0 {
+		return b.min
+	}
+	return min(2*d, b.max)
+}
+
+// Stats are ingest's counters, safe to read from any goroutine.
+type Stats struct {
+	Received       atomic.Uint64 // messages handed to the committer
+	Committed      atomic.Uint64 // messages durably in Bronze
+	Acked          atomic.Uint64
+	Commits        atomic.Uint64 // transactions
+	CommitFailures atomic.Uint64
+	CommitNanos    atomic.Uint64 // total commit latency
+	LastCommitNano atomic.Int64  // latency of the last commit
+	Ticks          atomic.Uint64
+	Full           atomic.Bool // Bronze refused for lack of room
+	Connected      atomic.Bool
+	Reconnects     atomic.Uint64
+
+	mu       sync.Mutex
+	rejected map[string]uint64
+	lastErr  string
+}
+
+func (s *Stats) reject(reason string) {
+	s.mu.Lock()
+	if s.rejected == nil {
+		s.rejected = map[string]uint64{}
+	}
+	s.rejected[reason]++
+	s.mu.Unlock()
+}
+
+func (s *Stats) setErr(err error) {
+	s.mu.Lock()
+	if err == nil {
+		s.lastErr = ""
+	} else {
+		s.lastErr = err.Error()
+	}
+	s.mu.Unlock()
+}
+
+// Rejected returns the count of refused messages by reason code.
+func (s *Stats) Rejected() map[string]uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]uint64, len(s.rejected))
+	for k, v := range s.rejected {
+		out[k] = v
+	}
+	return out
+}
+
+// LastError is the last commit or connection error, "" after a success.
+func (s *Stats) LastError() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastErr
+}
+
+// run commits until ctx is cancelled and in is drained of what was handed
+// over before that; messages whose commit never succeeded stay unacknowledged,
+// so the broker redelivers them.
+func (c *committer) run(ctx context.Context) {
+	batch := make([]pending, 0, c.maxBatch)
+	recs := make([]buffer.Record, 0, c.maxBatch)
+	idle := time.NewTimer(c.tick)
+	defer idle.Stop()
+	var linger *time.Timer
+	var lingerC <-chan time.Time
+	for {
+		flush := false
+		select {
+		case <-ctx.Done():
+			c.drain(batch, recs)
+			return
+		case p := <-c.in:
+			batch = append(batch, p)
+			if len(batch) == 1 && c.interval > 0 {
+				linger = time.NewTimer(c.interval)
+				lingerC = linger.C
+			}
+			// Take what is already queued without waiting: under load the
+			// batch fills at once; when quiet the linger bounds the wait.
+		more:
+			for len(batch) < c.maxBatch {
+				select {
+				case p := <-c.in:
+					batch = append(batch, p)
+				default:
+					break more
+				}
+			}
+			flush = len(batch) >= c.maxBatch || c.interval == 0
+		case <-lingerC:
+			flush = true
+		case <-idle.C:
+			if len(batch) == 0 {
+				now := c.clock()
+				batch = append(batch, pending{rec: buffer.Record{Kind: buffer.KindTick, ReceivedAt: now.UnixNano()}})
+				c.stats.Ticks.Add(1)
+			}
+			flush = true
+		}
+		if !flush {
+			continue
+		}
+		if linger != nil {
+			linger.Stop()
+			linger, lingerC = nil, nil
+		}
+		if !c.commit(ctx, batch, recs) {
+			c.drain(batch, recs)
+			return
+		}
+		batch, recs = batch[:0], recs[:0]
+		idle.Reset(c.tick)
+	}
+}
+
+// commit appends the batch, retrying with backoff until it succeeds (true)
+// or ctx ends (false, nothing acknowledged). Then it acknowledges in order.
+// A batch larger than the room a full Bronze has left is split, so the
+// records that fit go through instead of the whole batch waiting forever.
+func (c *committer) commit(ctx context.Context, batch []pending, recs []buffer.Record) bool {
+	var delay time.Duration
+	for {
+		recs = recs[:0]
+		for i := range batch {
+			recs = append(recs, batch[i].rec)
+		}
+		start := time.Now()
+		err := c.app.Append(recs)
+		lat := time.Since(start)
+		if err == nil {
+			c.stats.Commits.Add(1)
+			c.stats.CommitNanos.Add(uint64(lat))
+			c.stats.LastCommitNano.Store(int64(lat))
+			c.stats.Committed.Add(uint64(len(batch)))
+			if c.stats.Full.Swap(false) {
+				c.log.Info("bronze has room again; acknowledging resumes")
+			}
+			if delay > 0 {
+				c.log.Info("bronze commit recovered", "records", len(batch))
+				c.stats.setErr(nil)
+			}
+			break
+		}
+		full := errors.Is(err, buffer.ErrFull)
+		if full && len(batch) > 1 {
+			h := len(batch) / 2
+			return c.commit(ctx, batch[:h], recs) && c.commit(ctx, batch[h:], recs)
+		}
+		c.stats.CommitFailures.Add(1)
+		c.stats.setErr(err)
+		delay = c.backoff.next(delay)
+		if full {
+			if !c.stats.Full.Swap(true) {
+				c.log.Warn("bronze is full of unprocessed records; holding acknowledgements so the broker keeps queueing")
+			}
+		} else {
+			// Logged on every retry, but the delay doubles up to its cap, so a
+			// long failure logs about once per backoff.max.
+			c.log.Error("bronze commit failed; not acknowledging, will retry", "records", len(batch), "retry_in", delay, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(delay):
+		}
+	}
+	for i := range batch {
+		batch[i].stored = true
+		if batch[i].ack != nil {
+			batch[i].ack()
+			c.stats.Acked.Add(1)
+		}
+	}
+	return true
+}
+
+// drain commits what is in hand and what was already queued, once, at
+// shutdown. Failure leaves it unacknowledged for redelivery.
+func (c *committer) drain(in []pending, recs []buffer.Record) {
+	var batch []pending
+	for _, p := range in {
+		if !p.stored {
+			batch = append(batch, p)
+		}
+	}
+	for {
+		select {
+		case p := <-c.in:
+			batch = append(batch, p)
+			continue
+		default:
+		}
+		break
+	}
+	if len(batch) == 0 {
+		return
+	}
+	done, cancel := context.WithCancel(context.Background())
+	cancel() // one attempt only: commit returns false instead of sleeping
+	if !c.commit(done, batch, recs) {
+		c.log.Warn("shutdown: last batch not committed; the broker will redeliver it", "records", len(batch))
+	}
+}

@@ -1,0 +1,115 @@
+package ingest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync/atomic"
+
+	mochi "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/hooks/auth"
+	"github.com/mochi-mqtt/server/v2/listeners"
+	"github.com/mochi-mqtt/server/v2/packets"
+)
+
+// embedded runs the built-in mochi broker and ingests inside its publish
+// path: the hook hands each device message to the committer and returns only
+// after the Bronze commit, so mochi sends the device's PUBACK after the data
+// is durable. This is stronger than subscribing over loopback, where the
+// broker would acknowledge the device before the agent had stored anything
+// and a crash of the one process would lose both copies.
+type embedded struct {
+	in  *Ingester
+	srv *mochi.Server
+	up  atomic.Bool
+}
+
+func (e *embedded) start(ctx context.Context) error {
+	cfg := e.in.cfg
+	// mochi logs every connect at info; keep its warnings only.
+	mlog := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if cfg.Logger.Enabled(ctx, slog.LevelWarn) {
+		mlog = cfg.Logger.With("component", "broker")
+	}
+	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: mlog})
+	if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
+		return fmt.Errorf("embedded broker: auth hook: %w", err)
+	}
+	if err := srv.AddHook(&ingestHook{in: e.in}, nil); err != nil {
+		return fmt.Errorf("embedded broker: ingest hook: %w", err)
+	}
+	if err := srv.AddListener(listeners.NewTCP(listeners.Config{ID: "tcp", Address: cfg.Embedded})); err != nil {
+		return fmt.Errorf("embedded broker: listen on %s: %w", cfg.Embedded, err)
+	}
+	if err := srv.Serve(); err != nil {
+		return fmt.Errorf("embedded broker: serve on %s: %w", cfg.Embedded, err)
+	}
+	e.srv = srv
+	e.up.Store(true)
+	e.in.stats.Connected.Store(true)
+	e.in.com.log.Info("embedded broker listening", "listen", cfg.Embedded, "subscriptions", filters(cfg.Subscriptions))
+	return nil
+}
+
+func (e *embedded) stop() {
+	if e.srv != nil {
+		e.srv.Close()
+	}
+	e.up.Store(false)
+	e.in.stats.Connected.Store(false)
+}
+
+func (e *embedded) connected() bool { return e.up.Load() }
+
+// Publish publishes on the embedded broker (for local alerts and
+// republished aggregates).
+func (in *Ingester) Publish(topicName string, payload []byte, retain bool, qos byte) error {
+	e, ok := in.src.(*embedded)
+	if !ok || e.srv == nil {
+		return fmt.Errorf("ingest: no embedded broker to publish on")
+	}
+	return e.srv.Publish(topicName, payload, retain, qos)
+}
+
+// ingestHook is the mochi hook that ingests device publishes.
+type ingestHook struct {
+	mochi.HookBase
+	in *Ingester
+}
+
+func (h *ingestHook) ID() string { return "edgeagent-ingest" }
+
+func (h *ingestHook) Provides(b byte) bool { return b == mochi.OnPublish }
+
+func (h *ingestHook) OnPublish(cl *mochi.Client, pk packets.Packet) (packets.Packet, error) {
+	if cl.Net.Inline || !h.in.matches(pk.TopicName) {
+		// Our own local publishes and other traffic on the gateway's bus
+		// are not device data.
+		return pk, nil
+	}
+	payload := bytes.Clone(pk.Payload)
+	rec := h.in.classify(pk.TopicName, pk.FixedHeader.Qos, pk.FixedHeader.Retain, pk.FixedHeader.Dup, payload)
+	if pk.FixedHeader.Qos == 0 {
+		h.in.handle(rec, nil)
+		return pk, nil
+	}
+	done := make(chan struct{})
+	if !h.in.handle(rec, func() { close(done) }) {
+		return pk, packets.ErrRejectPacket // shutting down: no PUBACK, the device resends
+	}
+	select {
+	case <-done:
+		return pk, nil
+	case <-h.in.stopping:
+		// Committed or not, the committer is finishing; without a PUBACK
+		// the device resends and Bronze may hold a duplicate, never a loss.
+		select {
+		case <-done:
+			return pk, nil
+		default:
+			return pk, packets.ErrRejectPacket
+		}
+	}
+}

@@ -1,0 +1,424 @@
+package ingest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/edgeagent/edgeagent/buffer"
+	"github.com/edgeagent/edgeagent/internal/topic"
+	"github.com/edgeagent/edgeagent/testrig/mqtttest"
+)
+
+// logBuffer collects log output so tests can check that a fault was logged.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+func openBronze(t *testing.T, opts buffer.Options) *buffer.Bronze {
+	t.Helper()
+	b, err := buffer.Open(filepath.Join(t.TempDir(), "bronze.db"), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+func testConfig(t *testing.T, broker, clientID string, logs io.Writer) Config {
+	t.Helper()
+	tmpl, err := topic.Parse("sensors/{device}/telemetry")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if logs == nil {
+		logs = io.Discard
+	}
+	return Config{
+		Broker:           broker,
+		ClientID:         clientID,
+		Subscriptions:    []Subscription{{Template: tmpl, QoS: 1}},
+		CommitInterval:   2 * time.Millisecond,
+		MaxCommitRecords: 200,
+		ClockTick:        time.Hour, // ticks are tested on their own
+		MaxPayloadBytes:  1024,
+		RetryMin:         5 * time.Millisecond,
+		RetryMax:         50 * time.Millisecond,
+		ConnectTimeout:   5 * time.Second,
+		ReconnectMax:     500 * time.Millisecond,
+		Logger:           slog.New(slog.NewTextHandler(logs, nil)),
+	}
+}
+
+func startIngester(t *testing.T, b *buffer.Bronze, cfg Config) *Ingester {
+	t.Helper()
+	in, err := New(b, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { in.Close() })
+	return in
+}
+
+// messagesIn returns the payloads of every message record in Bronze.
+func messagesIn(t testing.TB, b *buffer.Bronze) map[string]buffer.Record {
+	t.Helper()
+	out := map[string]buffer.Record{}
+	err := b.Scan(1, func(r buffer.Record) bool {
+		if r.Kind == buffer.KindMessage {
+			r.Payload = bytes.Clone(r.Payload)
+			out[string(r.Payload)] = r
+		}
+		return true
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func payloads(prefix string, n int) [][]byte {
+	out := make([][]byte, n)
+	for i := range out {
+		out[i] = fmt.Appendf(nil, `{"id":"%s-%d","ts":%d,"v":%d}`, prefix, i, 1700000000000+i, i)
+	}
+	return out
+}
+
+func waitForMessages(t *testing.T, b *buffer.Bronze, want [][]byte) {
+	t.Helper()
+	mqtttest.WaitFor(t, 30*time.Second, fmt.Sprintf("%d messages in bronze", len(want)), func() bool {
+		got := messagesIn(t, b)
+		for _, p := range want {
+			if _, ok := got[string(p)]; !ok {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// ingestAgainst runs the basic end-to-end check against one broker URL.
+func ingestAgainst(t *testing.T, url string) {
+	b := openBronze(t, buffer.Options{})
+	in := startIngester(t, b, testConfig(t, url, "edgeagent-test", nil))
+	mqtttest.WaitFor(t, 10*time.Second, "connected", in.Connected)
+	pub := mqtttest.NewPublisher(t, url, "device-pub")
+	want := payloads("m", 500)
+	before := time.Now()
+	pub.PublishAll(t, "sensors/press-1/telemetry", 1, want)
+	waitForMessages(t, b, want)
+	got := messagesIn(t, b)
+	for _, p := range want {
+		r := got[string(p)]
+		if r.Topic != "sensors/press-1/telemetry" || r.QoS != 1 || r.Seq == 0 {
+			t.Fatalf("record %+v: want topic, qos 1 and a sequence", r)
+		}
+		if at := time.Unix(0, r.ReceivedAt); at.Before(before.Add(-time.Second)) || at.After(time.Now()) {
+			t.Fatalf("received-at %v is not the gateway clock at receipt", at)
+		}
+	}
+	if s := in.Stats(); s.Commits.Load() == 0 || s.Commits.Load() >= 500 {
+		t.Errorf("commits = %d for 500 messages: want group commit (more than 0, fewer than one per message)", s.Commits.Load())
+	}
+}
+
+func TestIngestMochi(t *testing.T) { ingestAgainst(t, mqtttest.StartMochi(t)) }
+
+func TestIngestMosquitto(t *testing.T) { ingestAgainst(t, mqtttest.StartMosquitto(t, "").URL()) }
+
+// A QoS1 message must not be acknowledged before its commit: while commits
+// fail, the broker gets no PUBACK; when they recover everything is stored once
+// the broker redelivers, and the failure was logged and counted.
+func TestCommitFailureHoldsAcks(t *testing.T) {
+	mosq := mqtttest.StartMosquitto(t, "")
+	var failing atomic.Bool
+	failing.Store(true)
+	b := openBronze(t, buffer.Options{BeforeCommit: func() error {
+		if failing.Load() {
+			return errors.New("write bronze.db: no space left on device")
+		}
+		return nil
+	}})
+	logs := &logBuffer{}
+	in := startIngester(t, b, testConfig(t, mosq.URL(), "edgeagent-fail", logs))
+	mqtttest.WaitFor(t, 10*time.Second, "connected", in.Connected)
+	pub := mqtttest.NewPublisher(t, mosq.URL(), "device-pub")
+	want := payloads("f", 50)
+	for _, p := range want {
+		pub.Client.Publish("sensors/d1/telemetry", 1, false, p)
+	}
+	mqtttest.WaitFor(t, 10*time.Second, "failed commits", func() bool { return in.Stats().CommitFailures.Load() >= 3 })
+	if n := in.Stats().Acked.Load(); n != 0 {
+		t.Fatalf("%d messages acknowledged while every commit failed", n)
+	}
+	if len(messagesIn(t, b)) != 0 {
+		t.Fatal("a failed commit left records in bronze")
+	}
+	if !strings.Contains(logs.String(), "bronze commit failed") || !strings.Contains(logs.String(), "no space left on device") {
+		t.Fatalf("the failure was not logged clearly:\n%s", logs.String())
+	}
+	failing.Store(false)
+	waitForMessages(t, b, want)
+	if in.Stats().Acked.Load() < uint64(len(want)) {
+		t.Fatalf("acked %d, want %d", in.Stats().Acked.Load(), len(want))
+	}
+}
+
+// Bronze full of unprocessed records: ingest holds acknowledgements (the
+// broker keeps queueing) and resumes when the checkpoint lets it trim.
+func TestBronzeFullHoldsAcks(t *testing.T) {
+	mosq := mqtttest.StartMosquitto(t, "")
+	b := openBronze(t, buffer.Options{MaxBytes: 4096})
+	logs := &logBuffer{}
+	in := startIngester(t, b, testConfig(t, mosq.URL(), "edgeagent-full", logs))
+	mqtttest.WaitFor(t, 10*time.Second, "connected", in.Connected)
+	pub := mqtttest.NewPublisher(t, mosq.URL(), "device-pub")
+	want := payloads("full", 200) // about 12 KiB of records: three times the bound
+	for _, p := range want {
+		pub.Client.Publish("sensors/d1/telemetry", 1, false, p)
+	}
+	mqtttest.WaitFor(t, 10*time.Second, "bronze full", func() bool { return in.Stats().Full.Load() })
+	if !strings.Contains(logs.String(), "bronze is full") {
+		t.Fatalf("full bronze not logged:\n%s", logs.String())
+	}
+	// Play the window stage: checkpoint everything stored so far, repeatedly,
+	// and collect what passes through before it is trimmed.
+	seen := map[string]bool{}
+	mqtttest.WaitFor(t, 30*time.Second, "all messages through a full bronze", func() bool {
+		b.Scan(b.Checkpoint()+1, func(r buffer.Record) bool {
+			if r.Kind == buffer.KindMessage {
+				seen[string(r.Payload)] = true
+			}
+			return true
+		})
+		b.SetCheckpoint(b.LastSeq())
+		for _, p := range want {
+			if !seen[string(p)] {
+				return false
+			}
+		}
+		return true
+	})
+	if s, err := b.Stats(); err != nil || s.Bytes > 4096 {
+		t.Fatalf("bronze bytes %d over its bound 4096 (err %v)", s.Bytes, err)
+	}
+}
+
+func TestRejectedMessagesAreKeptWithReason(t *testing.T) {
+	url := mqtttest.StartMochi(t)
+	b := openBronze(t, buffer.Options{})
+	cfg := testConfig(t, url, "edgeagent-rej", nil)
+	in := startIngester(t, b, cfg)
+	mqtttest.WaitFor(t, 10*time.Second, "connected", in.Connected)
+	pub := mqtttest.NewPublisher(t, url, "device-pub")
+	big := bytes.Repeat([]byte("x"), 5000)
+	pub.Publish(t, "sensors/d1/telemetry", 1, big)
+	pub.Publish(t, "sensors/d1/telemetry", 1, []byte(`{"id":"after"}`))
+	var rejected *buffer.Record
+	mqtttest.WaitFor(t, 10*time.Second, "both records", func() bool {
+		n := 0
+		b.Scan(1, func(r buffer.Record) bool {
+			n++
+			if r.Kind == buffer.KindRejected {
+				r.Payload = bytes.Clone(r.Payload)
+				rejected = &r
+			}
+			return true
+		})
+		return n == 2
+	})
+	if rejected == nil || !strings.HasPrefix(rejected.Reason, ReasonOversized) || !strings.Contains(rejected.Reason, "5000 bytes") {
+		t.Fatalf("oversized message not kept as rejected with its reason: %+v", rejected)
+	}
+	if len(rejected.Payload) > 256 {
+		t.Errorf("rejected record keeps %d payload bytes, want a bounded prefix", len(rejected.Payload))
+	}
+	if got := in.Stats().Rejected()[ReasonOversized]; got != 1 {
+		t.Errorf("rejected[%s] = %d, want 1", ReasonOversized, got)
+	}
+
+	// Topics the broker can deliver but no template explains, and invalid
+	// UTF-8, are classified the same way.
+	for _, c := range []struct{ topic, reason string }{
+		{"sensors/d1/other", ReasonNoTemplate},
+		{"sensors/\xff/telemetry", ReasonBadTopic},
+	} {
+		r := in.classify(c.topic, 1, false, false, []byte("{}"))
+		if r.Kind != buffer.KindRejected || !strings.HasPrefix(r.Reason, c.reason) {
+			t.Errorf("classify(%q) = %v %q, want rejected %s", c.topic, r.Kind, r.Reason, c.reason)
+		}
+	}
+}
+
+// With the broker down at start, the agent starts anyway, logs clock ticks,
+// and ingests once the broker comes up; a broker restart while running loses
+// nothing either (persistent session, mosquitto persistence).
+func TestBrokerDownAndRestart(t *testing.T) {
+	mosq := mqtttest.StartMosquitto(t, "")
+	mosq.Stop()
+	b := openBronze(t, buffer.Options{})
+	logs := &logBuffer{}
+	cfg := testConfig(t, mosq.URL(), "edgeagent-restart", logs)
+	cfg.ClockTick = 20 * time.Millisecond
+	in := startIngester(t, b, cfg)
+	mqtttest.WaitFor(t, 10*time.Second, "clock ticks with the broker down", func() bool {
+		s, _ := b.Stats()
+		return s.Records >= 3
+	})
+	if in.Connected() {
+		t.Fatal("connected to a stopped broker")
+	}
+	mosq.Start()
+	mqtttest.WaitFor(t, 20*time.Second, "connected after broker start", in.Connected)
+	pub := mqtttest.NewPublisher(t, mosq.URL(), "device-pub")
+	first := payloads("before", 100)
+	pub.PublishAll(t, "sensors/d1/telemetry", 1, first)
+	waitForMessages(t, b, first)
+
+	mosq.Stop()
+	mqtttest.WaitFor(t, 20*time.Second, "disconnect noticed", func() bool { return in.Stats().Reconnects.Load() >= 1 })
+	if !strings.Contains(logs.String(), "broker connection lost") {
+		t.Fatalf("lost connection not logged:\n%s", logs.String())
+	}
+	mosq.Start()
+	mqtttest.WaitFor(t, 20*time.Second, "reconnected", in.Connected)
+	second := payloads("after", 100)
+	pub.PublishAll(t, "sensors/d1/telemetry", 1, second)
+	waitForMessages(t, b, append(first, second...))
+}
+
+// Messages published while the agent is down are queued by the broker for
+// the persistent session and ingested after a restart.
+func TestPersistentSessionQueuesWhileDown(t *testing.T) {
+	mosq := mqtttest.StartMosquitto(t, "")
+	dir := t.TempDir()
+	path := filepath.Join(dir, "bronze.db")
+	b, err := buffer.Open(path, buffer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, mosq.URL(), "edgeagent-session", nil)
+	in, err := New(b, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mqtttest.WaitFor(t, 10*time.Second, "connected", in.Connected)
+	in.Close()
+	b.Close()
+
+	pub := mqtttest.NewPublisher(t, mosq.URL(), "device-pub")
+	want := payloads("queued", 300)
+	pub.PublishAll(t, "sensors/d2/telemetry", 1, want)
+
+	b = openBronzeAt(t, path)
+	startIngester(t, b, cfg)
+	waitForMessages(t, b, want)
+}
+
+func openBronzeAt(t *testing.T, path string) *buffer.Bronze {
+	t.Helper()
+	b, err := buffer.Open(path, buffer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+// The embedded broker acknowledges a device's QoS1 publish only after the
+// Bronze commit holding it.
+func TestEmbeddedAckAfterCommit(t *testing.T) {
+	addr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+	release := make(chan struct{})
+	var commits atomic.Int32
+	b := openBronze(t, buffer.Options{BeforeCommit: func() error {
+		if commits.Add(1) == 1 {
+			<-release // hold the first commit open
+		}
+		return nil
+	}})
+	cfg := testConfig(t, "", "edgeagent-embedded", nil)
+	cfg.Embedded = addr
+	in := startIngester(t, b, cfg)
+	if !in.Connected() {
+		t.Fatal("embedded broker not up")
+	}
+	pub := mqtttest.NewPublisher(t, "tcp://"+addr, "device-pub")
+	tok := pub.Client.Publish("sensors/e1/telemetry", 1, false, []byte(`{"id":"e"}`))
+	mqtttest.WaitFor(t, 10*time.Second, "commit started", func() bool { return commits.Load() >= 1 })
+	if tok.WaitTimeout(200 * time.Millisecond) {
+		t.Fatal("the device got its PUBACK before the bronze commit finished")
+	}
+	close(release)
+	if !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("no PUBACK after commit: %v", tok.Error())
+	}
+	if got := messagesIn(t, b); len(got) != 1 {
+		t.Fatalf("bronze holds %d messages, want 1", len(got))
+	}
+	// Other traffic on the gateway bus is not device data.
+	pub.Publish(t, "edgeagent/gw/alerts/e1", 1, []byte("{}"))
+	pub.Publish(t, "sensors/e1/telemetry", 1, []byte(`{"id":"e2"}`))
+	mqtttest.WaitFor(t, 10*time.Second, "second message", func() bool { return len(messagesIn(t, b)) == 2 })
+	s, _ := b.Stats()
+	if s.Records != 2 {
+		t.Errorf("bronze has %d records, want 2 (the alert topic is not ingested)", s.Records)
+	}
+	// The embedded broker still delivers device data to local subscribers.
+	if err := in.Publish("edgeagent/gw/x", []byte("hi"), false, 1); err != nil {
+		t.Errorf("publish on the embedded broker: %v", err)
+	}
+}
+
+func TestClockTicksWhenIdle(t *testing.T) {
+	b := openBronze(t, buffer.Options{})
+	cfg := testConfig(t, "", "edgeagent-tick", nil)
+	cfg.Embedded = fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+	cfg.ClockTick = 10 * time.Millisecond
+	var now atomic.Int64
+	now.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	cfg.Clock = func() time.Time { return time.Unix(0, now.Add(int64(time.Second))) }
+	startIngester(t, b, cfg)
+	var ticks []buffer.Record
+	mqtttest.WaitFor(t, 10*time.Second, "three ticks", func() bool {
+		ticks, _ = b.Read(1, 100)
+		return len(ticks) >= 3
+	})
+	for i, r := range ticks {
+		if r.Kind != buffer.KindTick {
+			t.Fatalf("record %d is %v, want tick", i, r.Kind)
+		}
+		if i > 0 && r.ReceivedAt <= ticks[i-1].ReceivedAt {
+			t.Fatalf("tick times do not follow the injected clock: %d then %d", ticks[i-1].ReceivedAt, r.ReceivedAt)
+		}
+	}
+}

@@ -1,0 +1,128 @@
+package ingest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	paho "github.com/eclipse/paho.mqtt.golang"
+)
+
+// mqttClient is the part of paho ingest uses: a seam for tests and a
+// record of what we rely on.
+type mqttClient interface {
+	Connect() paho.Token
+	Disconnect(quiesce uint)
+	IsConnectionOpen() bool
+	Subscribe(topic string, qos byte, callback paho.MessageHandler) paho.Token
+}
+
+// pahoSource subscribes with a persistent session (clean session off, stable
+// client id), so the broker queues QoS1 messages while the agent is down,
+// and disables paho's auto-ack: Ingester.handle acknowledges after commit.
+type pahoSource struct {
+	in     *Ingester
+	client mqttClient
+	up     atomic.Bool
+}
+
+func (p *pahoSource) start(ctx context.Context) error {
+	cfg := p.in.cfg
+	log := p.in.com.log
+	opts := paho.NewClientOptions().
+		AddBroker(cfg.Broker).
+		SetClientID(cfg.ClientID).
+		SetCleanSession(false).
+		SetAutoAckDisabled(true).
+		SetOrderMatters(true). // one handler at a time, in arrival order
+		SetKeepAlive(cfg.KeepAlive).
+		SetConnectTimeout(cfg.ConnectTimeout).
+		SetAutoReconnect(true).
+		SetConnectRetry(true).
+		SetConnectRetryInterval(time.Second).
+		SetMaxReconnectInterval(cfg.ReconnectMax)
+	if cfg.Username != "" {
+		opts.SetUsername(cfg.Username)
+		opts.SetPassword(cfg.Password)
+	}
+	if cfg.TLS != nil {
+		opts.SetTLSConfig(cfg.TLS)
+	}
+	handler := func(_ paho.Client, m paho.Message) {
+		rec := p.in.classify(m.Topic(), m.Qos(), m.Retained(), m.Duplicate(), m.Payload())
+		var ack func()
+		if m.Qos() > 0 {
+			ack = m.Ack
+		}
+		p.in.handle(rec, ack) // not taken at shutdown: unacknowledged, redelivered
+	}
+	opts.SetDefaultPublishHandler(handler)
+	opts.SetOnConnectHandler(func(c paho.Client) {
+		// Subscribe on every connect: with a persistent session the broker
+		// usually remembers, but not after it lost its own state.
+		for _, s := range cfg.Subscriptions {
+			tok := c.Subscribe(s.Template.Filter(), s.QoS, handler)
+			if !tok.WaitTimeout(cfg.ConnectTimeout) {
+				log.Error("subscribe timed out; reconnecting", "filter", s.Template.Filter())
+				return
+			}
+			if err := tok.Error(); err != nil {
+				log.Error("subscribe failed", "filter", s.Template.Filter(), "err", err)
+				return
+			}
+		}
+		if p.up.Swap(true) {
+			return
+		}
+		p.in.stats.Connected.Store(true)
+		log.Info("connected to broker", "broker", cfg.Broker, "client_id", cfg.ClientID, "subscriptions", filters(cfg.Subscriptions))
+	})
+	opts.SetConnectionLostHandler(func(_ paho.Client, err error) {
+		p.up.Store(false)
+		p.in.stats.Connected.Store(false)
+		p.in.stats.Reconnects.Add(1)
+		p.in.stats.setErr(fmt.Errorf("broker connection lost: %w", err))
+		log.Warn("broker connection lost; reconnecting with backoff", "broker", cfg.Broker, "err", err)
+	})
+	opts.SetReconnectingHandler(func(_ paho.Client, _ *paho.ClientOptions) {
+		log.Debug("reconnecting to broker", "broker", cfg.Broker)
+	})
+	p.client = paho.NewClient(opts)
+	// With ConnectRetry the token completes only once connected; do not wait
+	// for it, so the agent starts (and Bronze keeps its clock) with the
+	// broker down.
+	tok := p.client.Connect()
+	p.in.wg.Add(1)
+	go func() {
+		defer p.in.wg.Done()
+		select {
+		case <-tok.Done():
+			if err := tok.Error(); err != nil {
+				log.Error("broker connect failed", "broker", cfg.Broker, "err", err)
+			}
+		case <-ctx.Done():
+		}
+	}()
+	log.Info("connecting to broker", "broker", cfg.Broker)
+	return nil
+}
+
+func (p *pahoSource) stop() {
+	if p.client != nil {
+		p.client.Disconnect(250)
+	}
+	p.up.Store(false)
+	p.in.stats.Connected.Store(false)
+}
+
+func (p *pahoSource) connected() bool { return p.up.Load() && p.client.IsConnectionOpen() }
+
+func filters(subs []Subscription) string {
+	f := make([]string, len(subs))
+	for i, s := range subs {
+		f[i] = s.Template.Filter()
+	}
+	return strings.Join(f, ",")
+}
