@@ -47,7 +47,7 @@ func openBronze(t *testing.T, opts buffer.Options) *buffer.Bronze {
 	return b
 }
 
-func testConfig(t *testing.T, broker, clientID string, logs io.Writer) Config {
+func testConfig(t testing.TB, broker, clientID string, logs io.Writer) Config {
 	t.Helper()
 	tmpl, err := topic.Parse("sensors/{device}/telemetry")
 	if err != nil {
