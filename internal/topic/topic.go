@@ -119,10 +119,12 @@ func (t *Template) Match(topic string) (device, metric string, ok bool) {
 }
 
 // Expand replaces {name} placeholders in s with the given values, for
-// output topics and subjects such as "edge.{gateway_id}.aggregates".
+// output topics and subjects such as "edge.{gateway_id}.aggregates". It is
+// one pass, so a value that itself contains a placeholder stays literal.
 func Expand(s string, values map[string]string) string {
+	pairs := make([]string, 0, 2*len(values))
 	for k, v := range values {
-		s = strings.ReplaceAll(s, "{"+k+"}", v)
+		pairs = append(pairs, "{"+k+"}", v)
 	}
-	return s
+	return strings.NewReplacer(pairs...).Replace(s)
 }

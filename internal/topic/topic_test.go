@@ -52,3 +52,10 @@ func TestFilter(t *testing.T) {
 		t.Errorf("Expand = %q", got)
 	}
 }
+
+func TestExpandIsOnePass(t *testing.T) {
+	got := Expand("a/{gateway_id}/{device}", map[string]string{"gateway_id": "gw", "device": "x{gateway_id}"})
+	if got != "a/gw/x{gateway_id}" {
+		t.Errorf("Expand = %q, want the device value kept literally", got)
+	}
+}

@@ -1,0 +1,57 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+)
+
+// Load reads the configuration file at path and parses it with the
+// process environment; see Parse.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	return Parse(path, data, os.LookupEnv)
+}
+
+// Parse parses a configuration: it substitutes ${NAME} references with
+// env (os.LookupEnv when nil), decodes the YAML strictly over Default(),
+// fills derived defaults (ApplyDerived) and validates the result.
+//
+// On any problem it returns a nil Config and an *Errors listing every
+// unknown key, type error, unset variable and invalid value at once, each
+// naming filename, line and key. A YAML syntax error stops the parse, so it
+// is reported alone.
+func Parse(filename string, data []byte, env func(string) (string, bool)) (*Config, error) {
+	if env == nil {
+		env = os.LookupEnv
+	}
+	src := &source{file: filename, pos: make(map[string]position), bad: make(map[string]bool)}
+	text, refs, err := markRefs(string(data))
+	d := &decoder{src: src, env: env, refs: refs}
+	c := Default()
+	if err != nil {
+		d.fail(position{}, "", "%v", err)
+	} else if f, err := parseYAML(text); err != nil {
+		d.syntaxError(err)
+	} else if d.decodeFile(f, c) {
+		c.src = src
+		c.ApplyDerived()
+		var verr *Errors
+		if err := c.Validate(); errors.As(err, &verr) {
+			for _, fe := range verr.List {
+				if !src.suppressed(fe.Key) {
+					d.errs = append(d.errs, fe)
+				}
+			}
+		}
+	}
+	if len(d.errs) > 0 {
+		errs := &Errors{File: filename, List: d.errs}
+		errs.sortAndDedup()
+		return nil, errs
+	}
+	return c, nil
+}

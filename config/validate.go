@@ -1,0 +1,670 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"path"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/edgeagent/edgeagent/internal/topic"
+)
+
+var gatewayIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)
+
+// validGatewayID reports whether id can go into subjects and topics.
+func validGatewayID(id string) bool {
+	return gatewayIDPattern.MatchString(id) &&
+		!strings.HasPrefix(id, ".") && !strings.HasSuffix(id, ".") && !strings.Contains(id, "..")
+}
+
+// Validate checks every value and the rules between them. It returns nil
+// or an *Errors naming each bad key, with its line when the Config came
+// from Parse (a key not written in the file is reported on the line of its
+// nearest written parent).
+func (c *Config) Validate() error {
+	v := &validator{c: c}
+	v.top()
+	v.mqtt()
+	v.ingest()
+	v.storage()
+	v.status()
+	v.readings()
+	v.window()
+	v.processing()
+	v.uplink()
+	v.alerts()
+	v.localPublish()
+	if len(v.errs) == 0 {
+		return nil
+	}
+	file := ""
+	if c.src != nil {
+		file = c.src.file
+	}
+	for _, fe := range v.errs {
+		p := c.src.lineOf(fe.Key)
+		fe.File, fe.Line, fe.Column = file, p.line, p.col
+	}
+	errs := &Errors{File: file, List: v.errs}
+	errs.sortAndDedup()
+	return errs
+}
+
+type validator struct {
+	c    *Config
+	errs []*FieldError
+}
+
+func (v *validator) add(key, format string, args ...any) {
+	v.errs = append(v.errs, &FieldError{Key: key, Msg: fmt.Sprintf(format, args...)})
+}
+
+func (v *validator) oneOf(key, val string, allowed ...string) bool {
+	if slices.Contains(allowed, val) {
+		return true
+	}
+	msg := fmt.Sprintf("must be %s, not %q", orList(allowed), val)
+	if s := suggest(val, allowed); s != "" {
+		msg += " (did you mean " + s + "?)"
+	}
+	v.add(key, "%s", msg)
+	return false
+}
+
+func (v *validator) positive(key string, d Duration) {
+	if d <= 0 {
+		v.add(key, "must be a positive duration, not %s", d)
+	}
+}
+
+func (v *validator) nonNegative(key string, d Duration) {
+	if d < 0 {
+		v.add(key, "must not be negative, not %s", d)
+	}
+}
+
+func (v *validator) atLeast(key string, n, least int) {
+	if n < least {
+		v.add(key, "must be at least %d, not %d", least, n)
+	}
+}
+
+func (v *validator) top() {
+	c := v.c
+	switch {
+	case c.GatewayID == "":
+		v.add("gateway_id", "required: every gateway must name itself (letters, digits, '.', '_', '-')")
+	case !gatewayIDPattern.MatchString(c.GatewayID):
+		v.add("gateway_id", "%q may only contain letters, digits, '.', '_' and '-' (it goes into NATS subjects and MQTT topics)", c.GatewayID)
+	case !validGatewayID(c.GatewayID):
+		v.add("gateway_id", "%q would put an empty token in NATS subjects: dots only between other characters", c.GatewayID)
+	}
+	if c.DataDir == "" {
+		v.add("data_dir", "required")
+	}
+	v.oneOf("log.format", c.Log.Format, "text", "json")
+	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
+}
+
+var (
+	mqttSchemes    = []string{"tcp", "ssl", "tls", "mqtt", "mqtts", "ws", "wss"}
+	mqttTLSSchemes = []string{"ssl", "tls", "mqtts", "wss"}
+	natsSchemes    = []string{"nats", "tls", "ws", "wss"}
+)
+
+func (v *validator) mqtt() {
+	m := v.c.MQTT
+	embedded := m.Broker == "embedded"
+	var scheme string
+	switch {
+	case m.Broker == "":
+		v.add("mqtt.broker", "required: a URL such as tcp://127.0.0.1:1883, or embedded")
+	case embedded:
+		if m.Embedded.Listen == "" {
+			v.add("mqtt.embedded.listen", "required when mqtt.broker is embedded")
+		}
+	default:
+		if u := v.brokerURL("mqtt.broker", m.Broker, mqttSchemes, true); u != nil {
+			scheme = u.Scheme
+		}
+	}
+	if m.Embedded.Listen != "" {
+		v.hostPort("mqtt.embedded.listen", m.Embedded.Listen)
+	}
+	if m.Password != "" && m.Username == "" {
+		v.add("mqtt.password", "needs mqtt.username (MQTT sends a password only with a user name)")
+	}
+	v.tls("mqtt", m.TLS, embedded, scheme)
+	if m.KeepAlive < Duration(time.Second) {
+		v.add("mqtt.keep_alive", "must be at least 1s, not %s", m.KeepAlive)
+	}
+	v.positive("mqtt.connect_timeout", m.ConnectTimeout)
+	v.positive("mqtt.reconnect_max_interval", m.ReconnectMaxInterval)
+
+	if len(m.Subscriptions) == 0 {
+		v.add("mqtt.subscriptions", "at least one subscription is required, e.g. - topic: \"sensors/{device}/telemetry\"")
+	}
+	filters := make(map[string]string)
+	for i, s := range m.Subscriptions {
+		key := fmt.Sprintf("mqtt.subscriptions[%d]", i)
+		v.checkQoS(key+".qos", s.QoS, 0)
+		formatOK := v.oneOf(key+".format", s.Format, "json", "cbor", "number")
+		t, err := topic.Parse(s.Topic)
+		if err != nil {
+			v.add(key+".topic", "%s", strings.TrimPrefix(err.Error(), topic.ErrTemplate.Error()+": "))
+			continue
+		}
+		if !t.HasDevice() {
+			v.add(key+".topic", "%q has no {device} level (the device id is read from the topic)", s.Topic)
+		}
+		if formatOK && s.Format == "number" && !t.HasMetric() {
+			v.add(key+".format", "number needs a {metric} level in the topic (a bare number does not name its metric)")
+		}
+		if prev, dup := filters[t.Filter()]; dup {
+			v.add(key+".topic", "subscribes to the same MQTT filter %s as %s", t.Filter(), prev)
+		} else {
+			filters[t.Filter()] = key + ".topic"
+		}
+	}
+}
+
+// checkQoS checks qos is in least..2.
+func (v *validator) checkQoS(key string, qos, least int) {
+	if qos < least || qos > 2 {
+		if least == 0 {
+			v.add(key, "must be 0, 1 or 2, not %d", qos)
+		} else {
+			v.add(key, "must be 1 or 2, not %d (the outbox deletes a batch only once the broker acknowledged it)", qos)
+		}
+	}
+}
+
+// brokerURL checks a broker URL and returns it parsed, or nil after
+// reporting the problem. Messages show the URL with its password masked.
+func (v *validator) brokerURL(key, s string, schemes []string, needPort bool) *url.URL {
+	shown := redactURL(s, schemes[0] == "nats") // a NATS user without password is a token
+	example := schemes[0] + "://127.0.0.1:1883"
+	if schemes[0] == "nats" {
+		example = "nats://127.0.0.1:4222"
+	}
+	if !strings.Contains(s, "://") {
+		v.add(key, "%q has no scheme: write it as a URL such as %s", shown, example)
+		return nil
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		v.add(key, "%q is not a URL such as %s", shown, example)
+		return nil
+	}
+	if !slices.Contains(schemes, strings.ToLower(u.Scheme)) {
+		v.add(key, "%q: scheme must be %s, not %q", shown, orList(schemes), u.Scheme)
+		return nil
+	}
+	u.Scheme = strings.ToLower(u.Scheme)
+	if u.Hostname() == "" {
+		v.add(key, "%q has no host", shown)
+		return nil
+	}
+	port := u.Port()
+	if port == "" && needPort && u.Scheme != "ws" && u.Scheme != "wss" {
+		v.add(key, "%q has no port (MQTT brokers usually listen on 1883, or 8883 for TLS)", shown)
+		return nil
+	}
+	if port != "" {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			v.add(key, "%q: port must be 1 to 65535", shown)
+			return nil
+		}
+	}
+	return u
+}
+
+// tls checks the tls block under prefix. scheme is the broker's URL scheme
+// ("" when unknown or not an MQTT URL).
+func (v *validator) tls(prefix string, t TLS, embedded bool, scheme string) {
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		if t.CertFile == "" {
+			v.add(prefix+".tls.cert_file", "required with key_file (a client certificate needs both)")
+		} else {
+			v.add(prefix+".tls.key_file", "required with cert_file (a client certificate needs both)")
+		}
+	}
+	if t.IsZero() {
+		return
+	}
+	switch {
+	case embedded:
+		v.add(prefix+".tls", "has no effect: the agent connects to its embedded broker without TLS")
+	case scheme != "" && !slices.Contains(mqttTLSSchemes, scheme):
+		v.add(prefix+".tls", "has no effect with a %s:// broker: use %s", scheme, orList(schemeList(mqttTLSSchemes)))
+	}
+}
+
+func schemeList(s []string) []string {
+	out := make([]string, len(s))
+	for i, x := range s {
+		out[i] = x + "://"
+	}
+	return out
+}
+
+// hostPort checks a listen address and returns its host.
+func (v *validator) hostPort(key, s string) (string, bool) {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		v.add(key, "must be host:port, e.g. 127.0.0.1:9464, not %q", s)
+		return "", false
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		v.add(key, "%q: port must be a number from 0 to 65535", s)
+		return "", false
+	}
+	if host != "" && net.ParseIP(host) == nil && !validHostname(host) {
+		v.add(key, "%q: %q is not an IP address or host name", s, host)
+		return "", false
+	}
+	return host, true
+}
+
+func validHostname(h string) bool {
+	if len(h) > 253 {
+		return false
+	}
+	for _, label := range strings.Split(h, ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for i := 0; i < len(label); i++ {
+			c := label[i]
+			if !(c == '-' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func isLoopback(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func (v *validator) ingest() {
+	in, c := v.c.Ingest, v.c
+	v.positive("ingest.commit_interval", in.CommitInterval)
+	v.atLeast("ingest.max_commit_records", in.MaxCommitRecords, 1)
+	v.positive("ingest.clock_tick_interval", in.ClockTickInterval)
+	if in.ClockTickInterval > c.Window.IdleTimeout && c.Window.IdleTimeout > 0 {
+		v.add("ingest.clock_tick_interval", "%s is longer than window.idle_timeout %s: logged ticks are what close idle windows", in.ClockTickInterval, c.Window.IdleTimeout)
+	}
+	switch {
+	case in.MaxPayloadBytes <= 0:
+		v.add("ingest.max_payload_bytes", "must be positive, not %s", in.MaxPayloadBytes)
+	case in.MaxPayloadBytes > c.Storage.BronzeMaxBytes && c.Storage.BronzeMaxBytes > 0:
+		v.add("ingest.max_payload_bytes", "%s is larger than storage.bronze_max_bytes %s", in.MaxPayloadBytes, c.Storage.BronzeMaxBytes)
+	}
+}
+
+func (v *validator) storage() {
+	s, c := v.c.Storage, v.c
+	v.nonNegative("storage.bronze_retention", s.BronzeRetention)
+	if s.BronzeMaxBytes <= 0 {
+		v.add("storage.bronze_max_bytes", "must be positive, not %s (Bronze must be bounded)", s.BronzeMaxBytes)
+	}
+	switch {
+	case s.OutboxMaxBytes <= 0:
+		v.add("storage.outbox_max_bytes", "must be positive, not %s (the outbox must be bounded)", s.OutboxMaxBytes)
+	case s.OutboxMaxBytes < c.Uplink.MaxBatchBytes:
+		v.add("storage.outbox_max_bytes", "%s is smaller than uplink.max_batch_bytes %s: one batch must fit", s.OutboxMaxBytes, c.Uplink.MaxBatchBytes)
+	}
+}
+
+func (v *validator) status() {
+	s := v.c.Status
+	if s.Listen == "" {
+		return
+	}
+	host, ok := v.hostPort("status.listen", s.Listen)
+	if ok && !isLoopback(host) && s.Token == "" {
+		where := "every interface"
+		if host != "" {
+			where = host
+		}
+		v.add("status.token", "required because status.listen %q is reachable beyond this machine (%s); or listen on 127.0.0.1", s.Listen, where)
+	}
+}
+
+func (v *validator) dotPath(key, p string) {
+	for _, seg := range strings.Split(p, ".") {
+		if seg == "" {
+			v.add(key, "%q has an empty segment (write dot paths like payload.temperature)", p)
+			return
+		}
+	}
+}
+
+func (v *validator) readings() {
+	r := v.c.Readings
+	if r.EventID != "" {
+		v.dotPath("readings.event_id", r.EventID)
+	}
+	if r.EventTime != "" {
+		v.dotPath("readings.event_time", r.EventTime)
+	}
+	v.oneOf("readings.time_format", r.TimeFormat, "unix_s", "unix_ms", "unix_ns", "rfc3339", "auto")
+	seen := make(map[string]int)
+	for i, m := range r.Metrics {
+		key := fmt.Sprintf("readings.metrics[%d]", i)
+		if m == "" {
+			v.add(key, "empty metric path")
+			continue
+		}
+		v.dotPath(key, m)
+		if j, dup := seen[m]; dup {
+			v.add(key, "%q is listed twice (also readings.metrics[%d])", m, j)
+		}
+		seen[m] = i
+	}
+	v.positive("readings.max_future_skew", r.MaxFutureSkew)
+	v.positive("readings.max_past_skew", r.MaxPastSkew)
+}
+
+func (v *validator) window() {
+	w := v.c.Window
+	v.positive("window.size", w.Size)
+	v.positive("window.slide", w.Slide)
+	// Window bounds travel in Unix milliseconds.
+	for _, d := range []struct {
+		key string
+		d   Duration
+	}{{"window.size", w.Size}, {"window.slide", w.Slide}} {
+		if d.d > 0 && time.Duration(d.d)%time.Millisecond != 0 {
+			v.add(d.key, "%s is not a whole number of milliseconds (window bounds are in milliseconds)", d.d)
+		}
+	}
+	if w.Size > 0 && w.Slide > 0 {
+		switch {
+		case w.Slide > w.Size:
+			v.add("window.slide", "%s is longer than window.size %s (windows would leave gaps)", w.Slide, w.Size)
+		case w.Size%w.Slide != 0:
+			v.add("window.slide", "window.size %s is not a multiple of %s (every reading must fall in the same number of windows)", w.Size, w.Slide)
+		}
+	}
+	v.nonNegative("window.watermark_delay", w.WatermarkDelay)
+	v.nonNegative("window.allowed_lateness", w.AllowedLateness)
+	v.positive("window.idle_timeout", w.IdleTimeout)
+	if len(w.Aggregates) == 0 {
+		v.add("window.aggregates", "must name at least one of %s", strings.Join(aggregateNames, ", "))
+	}
+	seen := make(map[string]bool)
+	for i, a := range w.Aggregates {
+		key := fmt.Sprintf("window.aggregates[%d]", i)
+		if v.oneOf(key, a, aggregateNames...) && seen[a] {
+			v.add(key, "%s is listed twice", a)
+		}
+		seen[a] = true
+	}
+	v.atLeast("window.max_devices", w.MaxDevices, 1)
+	v.positive("window.device_expiry", w.DeviceExpiry)
+	if w.DeviceExpiry > 0 && w.DeviceExpiry <= w.IdleTimeout+w.AllowedLateness {
+		v.add("window.device_expiry", "%s must be longer than window.idle_timeout + window.allowed_lateness (%s), or a device's state is dropped while its windows can still be revised", w.DeviceExpiry, w.IdleTimeout+w.AllowedLateness)
+	}
+}
+
+func (v *validator) processing() {
+	p := v.c.Processing
+	v.positive("processing.trigger_interval", p.TriggerInterval)
+	v.atLeast("processing.max_records_per_batch", p.MaxRecordsPerBatch, 1)
+}
+
+func (v *validator) uplink() {
+	u, c := v.c.Uplink, v.c
+	if u.NATS.URL != "" && u.MQTT.Broker != "" {
+		v.add("uplink.mqtt.broker", "set only one uplink: uplink.nats.url is set too")
+	}
+	v.nats()
+
+	m := u.MQTT
+	var scheme string
+	switch m.Broker {
+	case "":
+	case "embedded":
+		v.add("uplink.mqtt.broker", "cannot be embedded: the uplink goes to a cloud broker (a URL such as ssl://broker.example.com:8883)")
+	default:
+		if pu := v.brokerURL("uplink.mqtt.broker", m.Broker, mqttSchemes, true); pu != nil {
+			scheme = pu.Scheme
+		}
+	}
+	switch {
+	case m.Topic != "":
+		v.publishTopic("uplink.mqtt.topic", m.Topic, "gateway_id")
+	case m.Broker != "":
+		v.add("uplink.mqtt.topic", "required with uplink.mqtt.broker")
+	}
+	v.checkQoS("uplink.mqtt.qos", m.QoS, 1)
+	if m.Broker != "" && m.ClientID != "" && m.ClientID == c.MQTT.ClientID {
+		v.add("uplink.mqtt.client_id", "must differ from mqtt.client_id (%q): a broker disconnects one of two clients with the same id", m.ClientID)
+	}
+	if m.Password != "" && m.Username == "" {
+		v.add("uplink.mqtt.password", "needs uplink.mqtt.username (MQTT sends a password only with a user name)")
+	}
+	v.tls("uplink.mqtt", m.TLS, false, scheme)
+
+	v.atLeast("uplink.max_batch_records", u.MaxBatchRecords, 1)
+	if u.MaxBatchBytes < 1<<10 {
+		v.add("uplink.max_batch_bytes", "must be at least 1KiB, not %s (one aggregate must fit in a batch)", u.MaxBatchBytes)
+	}
+	v.oneOf("uplink.compression", u.Compression, "zstd", "none")
+	if u.MaxBytesPerSecond < 0 {
+		v.add("uplink.max_bytes_per_second", "must not be negative (0 is unlimited)")
+	}
+	v.positive("uplink.ack_timeout", u.AckTimeout)
+	v.positive("uplink.reconnect_max_interval", u.ReconnectMaxInterval)
+}
+
+func (v *validator) nats() {
+	n := v.c.Uplink.NATS
+	if n.URL != "" {
+		// nats.Connect takes a comma-separated list of servers.
+		for _, s := range strings.Split(n.URL, ",") {
+			v.brokerURL("uplink.nats.url", strings.TrimSpace(s), natsSchemes, false)
+		}
+	}
+	v.natsSubject("uplink.nats.subject", n.Subject)
+	switch {
+	case n.Stream == "" && n.CreateStream:
+		v.add("uplink.nats.stream", "required when uplink.nats.create_stream is true")
+	case n.Stream != "" && strings.ContainsAny(n.Stream, " \t\r\n.*>/\\"):
+		v.add("uplink.nats.stream", "%q: a stream name cannot contain spaces, '.', '*', '>', '/' or '\\'", n.Stream)
+	}
+	auth := 0
+	for _, s := range []string{n.CredsFile, n.User, n.Token} {
+		if s != "" {
+			auth++
+		}
+	}
+	if auth > 1 {
+		v.add("uplink.nats", "use only one of creds_file, user/password and token")
+	}
+	if n.Password != "" && n.User == "" {
+		v.add("uplink.nats.password", "needs uplink.nats.user")
+	}
+	v.tls("uplink.nats", n.TLS, false, "")
+}
+
+// placeholderSamples stand in for placeholders when checking output topics
+// and subjects.
+func (v *validator) placeholderSamples() map[string]string {
+	gw := v.c.GatewayID
+	if !validGatewayID(gw) {
+		gw = "gw" // reported separately; check the rest with a valid id
+	}
+	return map[string]string{"gateway_id": gw, "device": "device", "metric": "metric"}
+}
+
+func (v *validator) natsSubject(key, s string) {
+	if s == "" {
+		if v.c.Uplink.NATS.URL != "" {
+			v.add(key, "required with uplink.nats.url")
+		}
+		return
+	}
+	exp := topic.Expand(s, v.placeholderSamples())
+	if strings.ContainsAny(exp, "{}") {
+		v.add(key, "%q: unknown placeholder (only {gateway_id} is replaced)", s)
+		return
+	}
+	for _, tok := range strings.Split(exp, ".") {
+		switch {
+		case tok == "":
+			v.add(key, "%q has an empty token (a NATS subject is dot-separated words)", s)
+			return
+		case tok == "*" || tok == ">":
+			v.add(key, "%q: cannot publish to a wildcard subject", s)
+			return
+		case strings.ContainsAny(tok, " \t\r\n"):
+			v.add(key, "%q: a NATS subject cannot contain spaces", s)
+			return
+		}
+	}
+}
+
+// publishTopic checks an MQTT topic the agent publishes to, which may
+// contain the named placeholders, and returns it expanded with samples.
+func (v *validator) publishTopic(key, s string, allowed ...string) (string, bool) {
+	samples := v.placeholderSamples()
+	vals := make(map[string]string, len(allowed))
+	for _, a := range allowed {
+		vals[a] = samples[a]
+	}
+	exp := topic.Expand(s, vals)
+	switch {
+	case strings.ContainsAny(exp, "{}"):
+		names := make([]string, len(allowed))
+		for i, a := range allowed {
+			names[i] = "{" + a + "}"
+		}
+		v.add(key, "%q: unknown placeholder (allowed: %s)", s, strings.Join(names, ", "))
+	case strings.ContainsAny(exp, "+#"):
+		v.add(key, "%q: cannot publish to a topic with the wildcards + or #", s)
+	case strings.HasPrefix(exp, "$"):
+		v.add(key, "%q: topics starting with $ are reserved for the broker", s)
+	case strings.ContainsRune(exp, 0):
+		v.add(key, "%q: a topic cannot contain NUL", s)
+	default:
+		return exp, true
+	}
+	return "", false
+}
+
+func (v *validator) alerts() {
+	c := v.c
+	names := make(map[string]int)
+	for i, r := range c.Alerts {
+		key := fmt.Sprintf("alerts[%d]", i)
+		switch j, dup := names[r.Name]; {
+		case r.Name == "":
+			v.add(key+".name", "required")
+		case dup:
+			v.add(key+".name", "%q is already the name of alerts[%d]", r.Name, j)
+		default:
+			names[r.Name] = i
+		}
+		switch {
+		case r.Metric == "":
+			v.add(key+".metric", "required")
+		case len(c.Readings.Metrics) > 0 && !slices.Contains(c.Readings.Metrics, r.Metric):
+			msg := fmt.Sprintf("%q is not in readings.metrics, so it is never computed", r.Metric)
+			if s := suggest(r.Metric, c.Readings.Metrics); s != "" {
+				msg += " (did you mean " + s + "?)"
+			}
+			v.add(key+".metric", "%s", msg)
+		}
+		if r.Devices == "" {
+			v.add(key+".devices", "must not be empty (\"*\" matches every device)")
+		} else if _, err := path.Match(r.Devices, ""); err != nil {
+			v.add(key+".devices", "%q is not a valid glob pattern", r.Devices)
+		}
+		when, whenOK := v.condition(key+".when", r.When)
+		if r.ClearWhen != "" {
+			clear, clearOK := v.condition(key+".clear_when", r.ClearWhen)
+			if whenOK && clearOK && when.Aggregate == clear.Aggregate {
+				if x, ok := overlap(when, clear); ok {
+					v.add(key+".clear_when", "%q and when %q both hold at %s, so the alert would fire and clear at once", r.ClearWhen, r.When, strconv.FormatFloat(x, 'g', 6, 64))
+				}
+			}
+		}
+		v.atLeast(key+".for", r.For, 1)
+		if len(r.Actions) == 0 {
+			v.add(key+".actions", "must name at least one of uplink, local")
+		}
+		seen := make(map[string]bool)
+		for j, a := range r.Actions {
+			akey := fmt.Sprintf("%s.actions[%d]", key, j)
+			if !v.oneOf(akey, a, "uplink", "local") {
+				continue
+			}
+			if seen[a] {
+				v.add(akey, "%s is listed twice", a)
+				continue
+			}
+			seen[a] = true
+			if a == "local" && c.LocalPublish.AlertsTopic == "" {
+				v.add(akey, "local needs local_publish.alerts_topic")
+			}
+		}
+		v.nonNegative(key+".min_interval", r.MinInterval)
+	}
+}
+
+func (v *validator) condition(key, s string) (Condition, bool) {
+	cond, msg := parseCondition(s)
+	if msg != "" {
+		v.add(key, "%s", msg)
+		return cond, false
+	}
+	if !slices.Contains(v.c.Window.Aggregates, cond.Aggregate) {
+		v.add(key, "%q uses %s, which is not in window.aggregates", s, cond.Aggregate)
+		return cond, false
+	}
+	return cond, true
+}
+
+func (v *validator) localPublish() {
+	c := v.c
+	lp := c.LocalPublish
+	v.atLeast("local_publish.storm_threshold", lp.StormThreshold, 1)
+	check := func(key, s string, allowed ...string) {
+		if s == "" {
+			return
+		}
+		exp, ok := v.publishTopic(key, s, allowed...)
+		if !ok {
+			return
+		}
+		// Local messages go to the device-side broker: one the agent also
+		// subscribes to would be ingested as a reading, forever.
+		for i, sub := range c.MQTT.Subscriptions {
+			if t, err := topic.Parse(sub.Topic); err == nil {
+				if _, _, match := t.Match(exp); match {
+					v.add(key, "%q matches mqtt.subscriptions[%d].topic %q: the agent would ingest its own messages", s, i, sub.Topic)
+					return
+				}
+			}
+		}
+	}
+	check("local_publish.alerts_topic", lp.AlertsTopic, "gateway_id", "device")
+	check("local_publish.aggregates_topic", lp.AggregatesTopic, "gateway_id", "device", "metric")
+	// The same loop through an MQTT uplink pointed at the device broker.
+	if c.Uplink.MQTT.Broker != "" && c.Uplink.MQTT.Broker == c.MQTT.Broker {
+		check("uplink.mqtt.topic", c.Uplink.MQTT.Topic, "gateway_id")
+	}
+}
