@@ -1,0 +1,135 @@
+package window
+
+import (
+	"fmt"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/edgeagent/edgeagent/buffer"
+)
+
+// benchStream is devices reporting every 10 s, in order, a JSON payload
+// with an id, a millisecond timestamp and two metrics, plus a tick a second.
+func benchStream(devices, n int) []buffer.Record {
+	recs := make([]buffer.Record, 0, n)
+	perSec := devices / 10
+	at := t0
+	for i := 0; len(recs) < n; i++ {
+		if i%perSec == 0 {
+			at = at.Add(time.Second)
+			recs = append(recs, tick(at))
+		}
+		d := i % devices
+		recs = append(recs, msg(fmt.Sprintf("sensors/dev%05d/telemetry", d),
+			fmt.Sprintf(`{"id":"r%d","ts":%d,"temp":%d.%d,"hum":%d}`, i, at.Add(-time.Duration(i%7)*time.Millisecond).UnixMilli(), 20+i%10, i%10, 40+i%30), at))
+	}
+	return recs
+}
+
+func benchConfig(b *testing.B) Config {
+	cfg := testConfig(b)
+	cfg.MaxRecordsPerBatch = 10_000
+	return cfg
+}
+
+// BenchmarkStage measures parse + dedup + window in memory, one core.
+func BenchmarkStage(b *testing.B) {
+	cfg := benchConfig(b).withDefaults()
+	recs := benchStream(1000, 200_000)
+	var bytes int64
+	for i := range recs {
+		bytes += int64(len(recs[i].Payload))
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	var e *engine
+	for i := 0; i < b.N; i++ {
+		j := i % len(recs)
+		if j == 0 {
+			b.StopTimer()
+			e = newEngine(&cfg)
+			b.StartTimer()
+		}
+		e.process(&recs[j])
+		if e.c.Records%uint64(cfg.MaxRecordsPerBatch) == 0 {
+			e.resetBatch() // what a commit would do, minus bbolt
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")
+	b.ReportMetric(float64(bytes)/float64(len(recs)), "payload-B")
+}
+
+// BenchmarkStageCommit measures the stage end to end: Bronze reads,
+// processing and one fsync'd bbolt commit per batch of 10,000.
+func BenchmarkStageCommit(b *testing.B) {
+	const n = 200_000
+	dir := b.TempDir()
+	br, err := buffer.Open(filepath.Join(dir, "bronze.db"), buffer.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer br.Close()
+	appendAll(b, br, benchStream(1000, n))
+	cfg := benchConfig(b)
+	b.ResetTimer()
+	var batches uint64
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		db := openDB(b, filepath.Join(dir, fmt.Sprintf("state%d.db", i)), false)
+		s, err := New(db, br, cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		if err := s.RunOnce(); err != nil {
+			b.Fatal(err)
+		}
+		batches += s.Stats().Batches
+	}
+	b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "records/s")
+	b.ReportMetric(b.Elapsed().Seconds()*1000/float64(batches), "ms/batch")
+}
+
+// BenchmarkStateSize reports the heap held by 10,000 devices x 4 metrics of
+// open windows (with six dedup entries per device).
+func BenchmarkStateSize(b *testing.B) {
+	const devices, metrics, perDevice = 10_000, 4, 6
+	cfg := benchConfig(b)
+	cfg.MaxDevices = devices
+	cfg = cfg.withDefaults()
+	var recs []buffer.Record
+	for r := range perDevice {
+		at := t0.Add(time.Duration(r) * 5 * time.Second)
+		for d := range devices {
+			recs = append(recs, msg(fmt.Sprintf("sensors/dev%05d/telemetry", d),
+				fmt.Sprintf(`{"id":"%d","ts":%d,"m0":1,"m1":2,"m2":3,"m3":4}`, r, at.UnixMilli()), at))
+		}
+	}
+	var heap, perWindow float64
+	for i := 0; i < b.N; i++ {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		e := newEngine(&cfg)
+		for j := range recs {
+			e.process(&recs[j])
+			if j%10_000 == 0 {
+				e.resetBatch()
+			}
+		}
+		e.resetBatch()
+		e.x = nil
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		if e.nWindows != devices*metrics {
+			b.Fatalf("%d open windows", e.nWindows)
+		}
+		heap = float64(after.HeapAlloc-before.HeapAlloc) / (1 << 20)
+		perWindow = float64(after.HeapAlloc-before.HeapAlloc) / float64(e.nWindows)
+		runtime.KeepAlive(e)
+	}
+	b.ReportMetric(heap, "heap-MB")
+	b.ReportMetric(perWindow, "bytes/window")
+}

@@ -1,0 +1,251 @@
+package window
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/edgeagent/edgeagent/buffer"
+)
+
+const childEnv = "WINDOW_TEST_CHILD"
+
+func determinismStream(t testing.TB, cfg Config) []buffer.Record {
+	return genStream(11, cfg, genOpts{devices: 15, duration: 150 * time.Minute, period: 25 * time.Second,
+		dupRate: 0.1, noIDRate: 0.2, lateRate: 0.05, backlog: 2})
+}
+
+// runStage processes all of the Bronze at bronzePath into a fresh state DB
+// at statePath with the given batch size, in this process.
+func runStage(t *testing.T, bronzePath, statePath string, batch int, noSync bool) []byte {
+	t.Helper()
+	br, err := buffer.Open(bronzePath, buffer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer br.Close()
+	db := openDB(t, statePath, noSync)
+	cfg := testConfig(t)
+	cfg.MaxRecordsPerBatch = batch
+	s, err := New(db, br, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runToEnd(t, s)
+	return outboxBytes(t, db)
+}
+
+// runStageRestarting is runStage with the Stage rebuilt from the database
+// after every batch, so every batch boundary is a restart.
+func runStageRestarting(t *testing.T, bronzePath, statePath string, batch int) []byte {
+	t.Helper()
+	br, err := buffer.Open(bronzePath, buffer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer br.Close()
+	db := openDB(t, statePath, true)
+	cfg := testConfig(t)
+	cfg.MaxRecordsPerBatch = batch
+	for {
+		s, err := New(db, br, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := s.Step()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Records == 0 {
+			if err := s.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	return outboxBytes(t, db)
+}
+
+// TestChildProcess is the body of the child processes that
+// TestDeterminismAcrossKills kills; it does nothing in a normal run.
+func TestChildProcess(t *testing.T) {
+	if os.Getenv(childEnv) == "" {
+		t.Skip("helper process for TestDeterminismAcrossKills")
+	}
+	batch, err := strconv.Atoi(os.Getenv("WINDOW_BATCH"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	br, err := buffer.Open(os.Getenv("WINDOW_BRONZE"), buffer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := bolt.Open(os.Getenv("WINDOW_STATE"), 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t)
+	cfg.MaxRecordsPerBatch = batch
+	s, err := New(db, br, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		res, err := s.Step()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Printf("step %d %d\n", res.Offset, res.Records)
+		if res.Records == 0 {
+			break
+		}
+	}
+	if err := s.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println("done")
+	db.Close()
+	br.Close()
+}
+
+// TestDeterminismAcrossKills processes the same Bronze uninterrupted, and
+// again in child processes killed with SIGKILL at random points and
+// restarted; the outboxes must be byte-identical (DESIGN invariants 2, 3).
+func TestDeterminismAcrossKills(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns child processes")
+	}
+	dir := t.TempDir()
+	bronzePath := filepath.Join(dir, "bronze.db")
+	br, err := buffer.Open(bronzePath, buffer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendAll(t, br, determinismStream(t, testConfig(t)))
+	br.Close()
+
+	const batch = 97
+	want := runStage(t, bronzePath, filepath.Join(dir, "uninterrupted.db"), batch, false)
+	if len(want) == 0 {
+		t.Fatal("uninterrupted run emitted nothing")
+	}
+
+	statePath := filepath.Join(dir, "killed.db")
+	rng := rand.New(rand.NewPCG(7, 7))
+	kills := 0
+	for attempt := 0; ; attempt++ {
+		if attempt > 40 {
+			t.Fatalf("child never finished after %d kills", kills)
+		}
+		cmd := exec.Command(os.Args[0], "-test.run=^TestChildProcess$", "-test.count=1")
+		cmd.Env = append(os.Environ(), childEnv+"=1", "WINDOW_BRONZE="+bronzePath, "WINDOW_STATE="+statePath,
+			"WINDOW_BATCH="+strconv.Itoa(batch))
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		killAfter := -1
+		if kills < 6 {
+			killAfter = 1 + rng.IntN(12)
+		}
+		steps, done, killed := 0, false, false
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			line := sc.Text()
+			if strings.HasPrefix(line, "step ") {
+				steps++
+			}
+			if line == "done" {
+				done = true
+			}
+			if steps == killAfter && !done {
+				if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+				killed = true
+				break
+			}
+		}
+		err = cmd.Wait()
+		switch {
+		case killed:
+			kills++
+		case done:
+			if err != nil {
+				t.Fatalf("child: %v\n%s", err, stderr.String())
+			}
+		default:
+			t.Fatalf("child exited early: %v\n%s", err, stderr.String())
+		}
+		if done && !killed {
+			break
+		}
+	}
+	if kills < 5 {
+		t.Fatalf("only %d kills", kills)
+	}
+	db := openDB(t, statePath, false)
+	got := outboxBytes(t, db)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("outbox after %d kills differs from the uninterrupted run (%d vs %d bytes)\n%s", kills, len(got), len(want), firstDiff(got, want))
+	}
+	t.Logf("%d kills, outbox of %d bytes identical", kills, len(got))
+}
+
+// TestDeterminismAcrossBatchSizes: how records are split into micro-batches
+// must not change the outbox.
+func TestDeterminismAcrossBatchSizes(t *testing.T) {
+	dir := t.TempDir()
+	bronzePath := filepath.Join(dir, "bronze.db")
+	br, err := buffer.Open(bronzePath, buffer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t)
+	appendAll(t, br, genStream(12, cfg, genOpts{devices: 8, duration: 140 * time.Minute, period: 50 * time.Second,
+		dupRate: 0.1, noIDRate: 0.2, lateRate: 0.08, backlog: 2, grid: time.Second}))
+	br.Close()
+	var want []byte
+	for i, batch := range []int{100_000, 1, 7, 250} {
+		got := runStage(t, bronzePath, filepath.Join(dir, fmt.Sprintf("state%d.db", i)), batch, true)
+		if i == 0 {
+			want = got
+			continue
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("batch size %d gives a different outbox\n%s", batch, firstDiff(got, want))
+		}
+	}
+	for _, batch := range []int{3, 40} {
+		got := runStageRestarting(t, bronzePath, filepath.Join(dir, fmt.Sprintf("restart%d.db", batch)), batch)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("restarting after every batch of %d gives a different outbox\n%s", batch, firstDiff(got, want))
+		}
+	}
+}
+
+func firstDiff(got, want []byte) string {
+	g, w := strings.Split(string(got), "\n"), strings.Split(string(want), "\n")
+	for i := 0; i < len(g) && i < len(w); i++ {
+		if g[i] != w[i] {
+			return fmt.Sprintf("line %d:\n got  %.200s\n want %.200s", i, g[i], w[i])
+		}
+	}
+	return fmt.Sprintf("one is a prefix of the other (%d vs %d lines)", len(g), len(w))
+}

@@ -1,0 +1,39 @@
+// Package window turns Bronze records into deduplicated event-time
+// aggregates per (device, metric): Silver parses and deduplicates readings,
+// Gold assigns them to tumbling or hopping windows under per-device
+// watermarks and emits each window, and its revisions, into the outbox.
+//
+// The stage is a pure function of Bronze (DESIGN invariant 3): wall-clock
+// time enters only as the received-at stamps and logged clock ticks in the
+// records. The logged clock is the highest received-at seen so far; idle
+// closes, device expiry and the trigger boundaries at which pending
+// revisions are emitted all follow from it, so where a record falls in a
+// micro-batch never changes what is emitted or in which order.
+//
+// # Emission points
+//
+//   - After a reading advances its device's watermark (max event time minus
+//     window.watermark_delay): every window of the device whose end is at or
+//     before the watermark and not yet emitted, at revision 1 (above the
+//     revision base after a reset or replay).
+//   - When the logged clock moves: first, if floor(clock/trigger_interval)
+//     changed, every pending revision; then the open windows of devices
+//     silent for window.idle_timeout (idle close); then devices silent for
+//     window.device_expiry are dropped.
+//
+// At each point windows are emitted sorted by (device, metric, start).
+//
+// # State
+//
+// The hot state lives in memory and every batch writes only the rows it
+// changed, in the same transaction as the offset, the outbox entries and
+// the late and dead-letter rows (DESIGN invariant 2). New loads it all.
+//
+// # Caveats
+//
+//   - Plain-number payloads, and JSON or CBOR payloads with neither an event
+//     id nor an event time, carry no identity and are never deduplicated.
+//   - Flush emits pending revisions at a point that depends on when it is
+//     called; only RunOnce (at the end of Bronze) uses it.
+//   - Event ids are deduplicated by a 64-bit FNV-1a hash per device.
+package window

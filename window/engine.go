@@ -1,0 +1,777 @@
+package window
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/edgeagent/edgeagent/buffer"
+	"github.com/edgeagent/edgeagent/internal/topic"
+	"github.com/edgeagent/edgeagent/uplink/wire"
+)
+
+// The engine is the in-memory window stage: it consumes Bronze records one
+// at a time and decides, from them alone, what to emit and when. It knows
+// nothing of bbolt; it records which state rows changed so the Stage can
+// write a delta, and collects emissions, late and dead-letter rows for the
+// batch transaction.
+
+const (
+	noTime  = math.MinInt64 // "nothing yet" for watermarks and horizons
+	endless = math.MaxInt64 // "nothing due"
+)
+
+// window is one event-time window of one metric of one device.
+type window struct {
+	ser                        *series
+	start                      int64 // unix ms
+	count                      uint64
+	sum, min, max, first, last float64
+	firstT, lastT              int64
+	firstSeq, lastSeq          uint64
+	rev                        uint32
+	emitted                    bool // at least one revision went out
+	pending                    bool // changed since the last emission
+	ptime                      bool // a reading used its received-at
+	dirty, dead                bool
+}
+
+func (w *window) add(v float64, t int64, seq uint64, ptime bool) {
+	if w.count == 0 {
+		w.min, w.max = v, v
+		w.first, w.firstT, w.firstSeq = v, t, seq
+		w.last, w.lastT, w.lastSeq = v, t, seq
+	} else {
+		w.min = math.Min(w.min, v)
+		w.max = math.Max(w.max, v)
+		// first/last by event time; ties go to the lower / higher Bronze sequence.
+		if t < w.firstT || t == w.firstT && seq < w.firstSeq {
+			w.first, w.firstT, w.firstSeq = v, t, seq
+		}
+		if t > w.lastT || t == w.lastT && seq > w.lastSeq {
+			w.last, w.lastT, w.lastSeq = v, t, seq
+		}
+	}
+	w.count++
+	w.sum += v
+	w.ptime = w.ptime || ptime
+}
+
+// series is one metric of one device: its open windows.
+type series struct {
+	dev     *device
+	name    string
+	windows []*window
+}
+
+func (s *series) find(start int64) *window {
+	for i := len(s.windows) - 1; i >= 0; i-- {
+		if s.windows[i].start == start {
+			return s.windows[i]
+		}
+	}
+	return nil
+}
+
+// device is the per-device state: watermark, lateness horizon, dedup set.
+type device struct {
+	name   string
+	hasMax bool
+	maxT   int64 // max event time, unix ms
+	// finalBefore is the lateness horizon: windows ending at or before it
+	// are final (late data goes to the late table). It only grows, so a
+	// config change to delay or lateness can never revive a pruned window.
+	finalBefore int64
+	lastSeen    int64 // logged clock (unix ns) of the last new reading
+	idle        bool  // idle-closed: in the idle list
+	series      map[string]*series
+	// dedup maps an event-id hash to the end of the reading's last window;
+	// the entry counts while that end is after finalBefore.
+	dedup      map[uint64]int64
+	dedupMin   int64
+	nextEmit   int64 // min end of windows not yet emitted
+	nextPrune  int64 // min end of emitted windows without pending changes
+	prev, next *device
+	list       *devList
+	dirty      bool
+	dead       bool
+}
+
+// devList is a doubly linked list of devices ordered by lastSeen.
+type devList struct{ head, tail *device }
+
+func (l *devList) push(d *device) {
+	d.list, d.prev, d.next = l, l.tail, nil
+	if l.tail != nil {
+		l.tail.next = d
+	} else {
+		l.head = d
+	}
+	l.tail = d
+}
+
+func (l *devList) remove(d *device) {
+	if d.prev != nil {
+		d.prev.next = d.next
+	} else {
+		l.head = d.next
+	}
+	if d.next != nil {
+		d.next.prev = d.prev
+	} else {
+		l.tail = d.prev
+	}
+	d.prev, d.next, d.list = nil, nil, nil
+}
+
+type sub struct {
+	tmpl   *topic.Template
+	format string
+}
+
+type emission struct {
+	agg wire.Aggregate
+	at  int64 // logged clock, unix ms
+}
+
+type dedupOp struct {
+	dev     *device
+	hash    uint64
+	lastEnd int64
+}
+
+// counters are the stage's cumulative counts; they are persisted with the
+// state so they survive restarts.
+type counters struct {
+	Records, Ticks, Readings uint64
+	Emitted, Revisions       uint64
+	Late, LateEvicted        uint64
+	Duplicates               uint64
+	Dead                     [len(codeIndex)]uint64
+	DeadEvicted              uint64
+	LateRows, DeadRows       uint64
+	DevicesExpired           uint64
+	MaxEventTime             int64
+}
+
+var codeIndex = [...]string{
+	CodeUnknownTopic, CodeRejected, CodeNotJSON, CodeNotCBOR, CodeNotNumber,
+	CodeNotObject, CodeTimeMissing, CodeTimeType, CodeTimeInvalid, CodeTimeFuture,
+	CodeTimePast, CodeMetricType, CodeNoMetrics, CodeTooManyMetrics, CodeTooManyDevices,
+	CodeNameTooLong,
+}
+
+func codeIdx(code string) int {
+	for i, c := range codeIndex {
+		if c == code {
+			return i
+		}
+	}
+	return 0
+}
+
+type engine struct {
+	cfg                                       *Config
+	sizeMs, slideMs, delayMs, lateMs          int64
+	idleNs, expiryNs, triggerNs, futNs, pasNs int64
+	subs                                      []sub
+	aggs                                      struct{ sum, min, max, mean, first, last bool }
+	x                                         *extractor
+	rd                                        reading
+
+	devices    map[string]*device
+	active     devList
+	idleList   devList
+	tombstones map[string]int64 // expired device → its lateness horizon
+	pending    map[*window]struct{}
+	clock      int64 // logged clock, unix ns: max received-at seen
+	offset     uint64
+	revBase    uint32 // revisions start above this (raised by reset and replay)
+	highRev    uint32 // highest revision ever emitted
+	nWindows   int
+	nDedup     int
+	c          counters
+
+	// batch outputs and state delta
+	out        []emission
+	lates      []Late
+	dls        []DeadLetter
+	dirtyWins  []*window
+	delWins    [][]byte
+	addDedup   []dedupOp
+	delDedup   [][]byte
+	dirtyDevs  []*device
+	delDevs    []string
+	tombPut    []string
+	tombDel    []string
+	revsDirty  bool
+	tombPruned int64 // clock of the last tombstone pruning
+
+	nameBuf []byte
+	due     []*window
+}
+
+func newEngine(cfg *Config) *engine {
+	e := &engine{
+		cfg:        cfg,
+		sizeMs:     cfg.Size.Milliseconds(),
+		slideMs:    cfg.Slide.Milliseconds(),
+		delayMs:    cfg.WatermarkDelay.Milliseconds(),
+		lateMs:     cfg.AllowedLateness.Milliseconds(),
+		idleNs:     int64(cfg.IdleTimeout),
+		expiryNs:   int64(cfg.DeviceExpiry),
+		triggerNs:  int64(cfg.TriggerInterval),
+		futNs:      int64(cfg.MaxFutureSkew),
+		pasNs:      int64(cfg.MaxPastSkew),
+		x:          newExtractor(cfg),
+		devices:    map[string]*device{},
+		tombstones: map[string]int64{},
+		pending:    map[*window]struct{}{},
+	}
+	for _, s := range cfg.Subscriptions {
+		e.subs = append(e.subs, sub{s.Template, s.Format})
+	}
+	for _, a := range cfg.Aggregates {
+		switch a {
+		case "sum":
+			e.aggs.sum = true
+		case "min":
+			e.aggs.min = true
+		case "max":
+			e.aggs.max = true
+		case "mean":
+			e.aggs.mean = true
+		case "first":
+			e.aggs.first = true
+		case "last":
+			e.aggs.last = true
+		}
+	}
+	return e
+}
+
+func (d *device) wm(delayMs int64) int64 {
+	if !d.hasMax {
+		return noTime
+	}
+	return d.maxT - delayMs
+}
+
+// process consumes one Bronze record.
+func (e *engine) process(r *buffer.Record) {
+	e.c.Records++
+	e.advanceClock(r.ReceivedAt)
+	switch r.Kind {
+	case buffer.KindTick:
+		e.c.Ticks++
+	case buffer.KindMessage:
+		e.message(r)
+	case buffer.KindRejected:
+		_, dev, _, _ := e.match(r.Topic)
+		e.dead(r, dev, CodeRejected, "refused by ingest: "+r.Reason)
+	default:
+		e.dead(r, "", CodeRejected, "unknown Bronze record kind "+r.Kind.String())
+	}
+	if r.Seq > e.offset {
+		e.offset = r.Seq
+	}
+}
+
+func (e *engine) match(t string) (*sub, string, string, bool) {
+	for i := range e.subs {
+		if dev, metric, ok := e.subs[i].tmpl.Match(t); ok {
+			return &e.subs[i], dev, metric, true
+		}
+	}
+	return nil, "", "", false
+}
+
+func (e *engine) dead(r *buffer.Record, device, code, msg string) {
+	e.c.Dead[codeIdx(code)]++
+	p := r.Payload
+	if len(p) > payloadPrefix {
+		p = p[:payloadPrefix]
+	}
+	e.dls = append(e.dls, DeadLetter{
+		Seq: r.Seq, Topic: r.Topic, Device: device, ReceivedAt: r.ReceivedAt,
+		Reason: msg, Code: code, Payload: append([]byte(nil), p...),
+	})
+}
+
+// parse turns a message into e.rd, or says why it cannot.
+func (e *engine) parse(s *sub, r *buffer.Record, topicMetric string) *badInput {
+	rd := &e.rd
+	switch s.format {
+	case FormatNumber:
+		v, b := parseNumberPayload(r.Payload)
+		if b != nil {
+			return b
+		}
+		name := topicMetric
+		if name == "" {
+			name = "value"
+		}
+		e.nameBuf = append(e.nameBuf[:0], name...)
+		rd.hasID, rd.ptime = false, true
+		rd.t = floorDiv(r.ReceivedAt, 1e6)
+		rd.metrics = append(rd.metrics[:0], metricVal{name: e.nameBuf, v: v})
+		return nil
+	case FormatCBOR:
+		e.x.reset()
+		if b := scanCBOR(e.x, r.Payload); b != nil {
+			return b
+		}
+	default:
+		e.x.reset()
+		if b := scanJSON(e.x, r.Payload); b != nil {
+			return b
+		}
+	}
+	return e.x.finish(rd, r.ReceivedAt, e.cfg.TimeFormat, r.Topic, r.Payload)
+}
+
+// readMessage matches and parses a message into e.rd and checks its
+// event time against the received-at.
+func (e *engine) readMessage(r *buffer.Record) (devName, prefix string, b *badInput) {
+	s, devName, topicMetric, ok := e.match(r.Topic)
+	if !ok {
+		return "", "", &badInput{CodeUnknownTopic, "no subscription matches topic " + r.Topic}
+	}
+	if len(devName) > maxNameLen {
+		return "", "", &badInput{CodeNameTooLong, fmt.Sprintf("device name of %d bytes, at most %d", len(devName), maxNameLen)}
+	}
+	if b := e.parse(s, r, topicMetric); b != nil {
+		return devName, "", b
+	}
+	rd := &e.rd
+	if s.format != FormatNumber {
+		prefix = topicMetric
+	}
+	for _, m := range rd.metrics {
+		n := len(m.name)
+		if prefix != "" {
+			n += len(prefix) + 1
+		}
+		if n > maxNameLen {
+			return devName, "", &badInput{CodeNameTooLong, fmt.Sprintf("metric name of %d bytes, at most %d", n, maxNameLen)}
+		}
+	}
+	if !rd.ptime {
+		recvMs := floorDiv(r.ReceivedAt, 1e6)
+		if rd.t > floorDiv(r.ReceivedAt+e.futNs, 1e6) {
+			return devName, "", &badInput{CodeTimeFuture, "event time " + fmtMs(rd.t) + " is more than max_future_skew " +
+				e.cfg.MaxFutureSkew.String() + " after received-at " + fmtMs(recvMs)}
+		}
+		if rd.t < floorDiv(r.ReceivedAt-e.pasNs, 1e6) {
+			return devName, "", &badInput{CodeTimePast, "event time " + fmtMs(rd.t) + " is more than max_past_skew " +
+				e.cfg.MaxPastSkew.String() + " before received-at " + fmtMs(recvMs)}
+		}
+	}
+	return devName, prefix, nil
+}
+
+func (e *engine) message(r *buffer.Record) {
+	devName, prefix, b := e.readMessage(r)
+	if b != nil {
+		e.dead(r, devName, b.code, b.msg)
+		return
+	}
+	dev := e.devices[devName]
+	if dev == nil {
+		if len(e.devices) >= e.cfg.MaxDevices {
+			e.dead(r, devName, CodeTooManyDevices, "window.max_devices reached, device not tracked")
+			return
+		}
+		dev = e.newDevice(devName)
+	}
+	e.addReading(dev, r.Seq, &e.rd, prefix)
+}
+
+// metricName is the series name of metric m under the topic prefix; it
+// aliases e.nameBuf.
+func (e *engine) metricName(prefix string, m []byte) []byte {
+	if prefix == "" {
+		return m
+	}
+	e.nameBuf = append(append(append(e.nameBuf[:0], prefix...), '.'), m...)
+	return e.nameBuf
+}
+
+func (e *engine) newDevice(name string) *device {
+	name = strings.Clone(name) // not a slice of the record's topic
+	d := &device{name: name, finalBefore: noTime, dedupMin: endless, nextEmit: endless, nextPrune: endless,
+		series: map[string]*series{}, dedup: map[uint64]int64{}}
+	if h, ok := e.tombstones[name]; ok {
+		// A device that expired comes back: windows it may have emitted
+		// stay final, so none restarts at rev 1 with other content.
+		if h > floorDiv(e.clock-e.pasNs, 1e6) {
+			d.finalBefore = h
+		}
+		delete(e.tombstones, name)
+		e.tombDel = append(e.tombDel, name)
+	}
+	e.devices[name] = d
+	e.active.push(d)
+	e.markDev(d)
+	return d
+}
+
+func (e *engine) markDev(d *device) {
+	if !d.dirty {
+		d.dirty = true
+		e.dirtyDevs = append(e.dirtyDevs, d)
+	}
+}
+
+func (e *engine) markWin(w *window) {
+	if !w.dirty {
+		w.dirty = true
+		e.dirtyWins = append(e.dirtyWins, w)
+	}
+}
+
+func (e *engine) lastStart(t int64) int64 { return floorDiv(t, e.slideMs) * e.slideMs }
+
+func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string) {
+	if rd.hasID {
+		if le, ok := dev.dedup[rd.id]; ok && le > dev.finalBefore {
+			e.c.Duplicates++
+			return
+		}
+	}
+	e.c.Readings++
+	t := rd.t
+	last := e.lastStart(t)
+	accepted := false
+	for _, m := range rd.metrics {
+		name := e.metricName(prefix, m.name)
+		ser := dev.series[string(name)]
+		for s := last; s > t-e.sizeMs; s -= e.slideMs {
+			end := s + e.sizeMs
+			if end <= dev.finalBefore {
+				e.c.Late++
+				e.lates = append(e.lates, Late{Seq: seq, Device: dev.name, Metric: string(name), EventTime: t,
+					WindowStart: s, Value: m.v, Watermark: dev.finalBefore + e.lateMs})
+				continue
+			}
+			if ser == nil {
+				ser = &series{dev: dev, name: string(name)}
+				dev.series[ser.name] = ser
+			}
+			w := ser.find(s)
+			if w == nil {
+				w = &window{ser: ser, start: s}
+				ser.windows = append(ser.windows, w)
+				e.nWindows++
+				dev.nextEmit = min(dev.nextEmit, end)
+			}
+			w.add(m.v, t, seq, rd.ptime)
+			if w.emitted && !w.pending {
+				w.pending = true
+				e.pending[w] = struct{}{}
+			}
+			e.markWin(w)
+			accepted = true
+		}
+	}
+	if accepted && rd.hasID {
+		lastEnd := last + e.sizeMs
+		if old, ok := dev.dedup[rd.id]; ok {
+			e.delDedup = append(e.delDedup, dedupKey(old, dev.name, rd.id))
+		} else {
+			e.nDedup++
+		}
+		dev.dedup[rd.id] = lastEnd
+		dev.dedupMin = min(dev.dedupMin, lastEnd)
+		e.addDedup = append(e.addDedup, dedupOp{dev, rd.id, lastEnd})
+	}
+	if accepted && t > e.c.MaxEventTime {
+		e.c.MaxEventTime = t
+	}
+	dev.lastSeen = e.clock
+	dev.list.remove(dev)
+	e.active.push(dev)
+	dev.idle = false
+	if !dev.hasMax || t > dev.maxT {
+		dev.hasMax, dev.maxT = true, t
+		dev.finalBefore = max(dev.finalBefore, t-e.delayMs-e.lateMs)
+	}
+	e.markDev(dev)
+	if wm := dev.wm(e.delayMs); wm >= dev.nextEmit || dev.finalBefore >= dev.nextPrune || dev.finalBefore >= dev.dedupMin {
+		e.scanDevice(dev, wm)
+	}
+}
+
+// scanDevice emits the device's windows the watermark has passed, then
+// prunes final windows and expired dedup entries.
+func (e *engine) scanDevice(dev *device, wm int64) {
+	due := e.due[:0]
+	for _, ser := range dev.series {
+		for _, w := range ser.windows {
+			if !w.emitted && w.start+e.sizeMs <= wm {
+				due = append(due, w)
+			}
+		}
+	}
+	e.emitSorted(due)
+	e.due = due[:0]
+	e.pruneDevice(dev)
+}
+
+// pruneDevice drops final windows and dedup entries and recomputes the
+// device's next due points.
+func (e *engine) pruneDevice(dev *device) {
+	dev.nextEmit, dev.nextPrune = endless, endless
+	for name, ser := range dev.series {
+		ws := ser.windows
+		for i := 0; i < len(ws); {
+			w := ws[i]
+			end := w.start + e.sizeMs
+			switch {
+			case !w.emitted:
+				dev.nextEmit = min(dev.nextEmit, end)
+			case w.pending:
+			case end <= dev.finalBefore:
+				e.dropWindow(w)
+				ws[i] = ws[len(ws)-1]
+				ws[len(ws)-1] = nil
+				ws = ws[:len(ws)-1]
+				continue
+			default:
+				dev.nextPrune = min(dev.nextPrune, end)
+			}
+			i++
+		}
+		ser.windows = ws
+		if len(ws) == 0 {
+			delete(dev.series, name)
+		}
+	}
+	if dev.finalBefore >= dev.dedupMin {
+		dev.dedupMin = endless
+		for h, le := range dev.dedup {
+			if le <= dev.finalBefore {
+				delete(dev.dedup, h)
+				e.nDedup--
+				e.delDedup = append(e.delDedup, dedupKey(le, dev.name, h))
+			} else {
+				dev.dedupMin = min(dev.dedupMin, le)
+			}
+		}
+	}
+}
+
+func (e *engine) dropWindow(w *window) {
+	w.dead = true
+	e.nWindows--
+	e.delWins = append(e.delWins, windowKey(w.start, w.ser.dev.name, w.ser.name))
+	if w.pending {
+		delete(e.pending, w)
+	}
+}
+
+func compareWindows(a, b *window) int {
+	if c := strings.Compare(a.ser.dev.name, b.ser.dev.name); c != 0 {
+		return c
+	}
+	if c := strings.Compare(a.ser.name, b.ser.name); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.start, b.start)
+}
+
+// emitSorted emits ws in (device, metric, start) order, so that the outbox
+// is byte-identical however the emission point was reached.
+func (e *engine) emitSorted(ws []*window) {
+	slices.SortFunc(ws, compareWindows)
+	for _, w := range ws {
+		e.emit(w)
+	}
+}
+
+func (e *engine) emit(w *window) {
+	rev := max(w.rev, e.revBase) + 1
+	w.rev, w.emitted = rev, true
+	if w.pending {
+		w.pending = false
+		delete(e.pending, w)
+		e.c.Revisions++
+	}
+	e.c.Emitted++
+	if rev > e.highRev {
+		e.highRev, e.revsDirty = rev, true
+	}
+	e.markWin(w)
+	e.out = append(e.out, emission{agg: e.aggregate(w, rev), at: floorDiv(e.clock, 1e6)})
+}
+
+// aggregate builds the wire form of w at revision rev, with the configured
+// aggregates only.
+func (e *engine) aggregate(w *window, rev uint32) wire.Aggregate {
+	ser := w.ser
+	a := wire.Aggregate{
+		Device: ser.dev.name, Metric: ser.name,
+		Start: w.start, End: w.start + e.sizeMs,
+		Count: w.count, Rev: rev, ProcTime: w.ptime,
+		Key: wire.AggregateKey(e.cfg.Gateway, ser.dev.name, ser.name, w.start, rev),
+	}
+	if e.aggs.sum {
+		a.Sum = wire.F(w.sum)
+	}
+	if e.aggs.min {
+		a.Min = wire.F(w.min)
+	}
+	if e.aggs.max {
+		a.Max = wire.F(w.max)
+	}
+	if e.aggs.mean {
+		a.Mean = wire.F(w.sum / float64(w.count))
+	}
+	if e.aggs.first {
+		a.First = wire.F(w.first)
+	}
+	if e.aggs.last {
+		a.Last = wire.F(w.last)
+	}
+	return a
+}
+
+// advanceClock moves the logged clock to ts (it never goes back) and runs
+// what the clock decides: pending revisions at trigger boundaries, idle
+// closes and device expiry.
+func (e *engine) advanceClock(ts int64) {
+	if ts <= e.clock {
+		return
+	}
+	old := e.clock
+	e.clock = ts
+	due := e.due[:0]
+	if len(e.pending) > 0 && floorDiv(old, e.triggerNs) != floorDiv(ts, e.triggerNs) {
+		for w := range e.pending {
+			due = append(due, w)
+		}
+	}
+	for d := e.active.head; d != nil && d.lastSeen <= ts-e.idleNs; d = e.active.head {
+		for _, ser := range d.series {
+			for _, w := range ser.windows {
+				if !w.emitted {
+					due = append(due, w)
+				}
+			}
+		}
+		e.active.remove(d)
+		e.idleList.push(d)
+		d.idle = true
+		e.markDev(d)
+	}
+	if len(due) > 0 {
+		e.emitSorted(due)
+		seen := map[*device]bool{}
+		for _, w := range due {
+			if d := w.ser.dev; !seen[d] {
+				seen[d] = true
+				e.pruneDevice(d)
+			}
+		}
+	}
+	e.due = due[:0]
+	for d := e.idleList.head; d != nil && d.lastSeen <= ts-e.expiryNs; d = e.idleList.head {
+		e.expire(d)
+	}
+}
+
+// expire drops a silent device's state, keeping a tombstone with its
+// lateness horizon.
+func (e *engine) expire(d *device) {
+	var due []*window
+	horizon := d.finalBefore
+	for _, ser := range d.series {
+		for _, w := range ser.windows {
+			if w.pending || !w.emitted {
+				due = append(due, w)
+			}
+			horizon = max(horizon, w.start+e.sizeMs)
+		}
+	}
+	e.emitSorted(due)
+	for _, ser := range d.series {
+		for _, w := range ser.windows {
+			e.dropWindow(w)
+		}
+	}
+	for h, le := range d.dedup {
+		e.delDedup = append(e.delDedup, dedupKey(le, d.name, h))
+	}
+	e.nDedup -= len(d.dedup)
+	d.list.remove(d)
+	d.dead = true
+	delete(e.devices, d.name)
+	e.delDevs = append(e.delDevs, d.name)
+	if horizon != noTime {
+		e.tombstones[d.name] = horizon
+		e.tombPut = append(e.tombPut, d.name)
+	}
+	e.c.DevicesExpired++
+}
+
+// flushPending emits every pending revision now (Flush, end of RunOnce).
+func (e *engine) flushPending() {
+	due := e.due[:0]
+	for w := range e.pending {
+		due = append(due, w)
+	}
+	e.emitSorted(due)
+	seen := map[*device]bool{}
+	for _, w := range due {
+		if d := w.ser.dev; !seen[d] {
+			seen[d] = true
+			e.pruneDevice(d)
+		}
+	}
+	e.due = due[:0]
+}
+
+// pruneTombstones forgets tombstones older than max_past_skew: no reading
+// that old passes the skew check, so none could reach their windows.
+func (e *engine) pruneTombstones() {
+	if e.clock-e.tombPruned < 60e9 || len(e.tombstones) == 0 {
+		return
+	}
+	e.tombPruned = e.clock
+	cut := floorDiv(e.clock-e.pasNs, 1e6)
+	for name, h := range e.tombstones {
+		if h <= cut {
+			delete(e.tombstones, name)
+			e.tombDel = append(e.tombDel, name)
+		}
+	}
+}
+
+// resetBatch clears the batch outputs after a commit.
+func (e *engine) resetBatch() {
+	e.out = e.out[:0]
+	e.lates = e.lates[:0]
+	e.dls = e.dls[:0]
+	for _, w := range e.dirtyWins {
+		w.dirty = false
+	}
+	for _, d := range e.dirtyDevs {
+		d.dirty = false
+	}
+	e.dirtyWins = e.dirtyWins[:0]
+	e.delWins = e.delWins[:0]
+	e.addDedup = e.addDedup[:0]
+	e.delDedup = e.delDedup[:0]
+	e.dirtyDevs = e.dirtyDevs[:0]
+	e.delDevs = e.delDevs[:0]
+	e.tombPut = e.tombPut[:0]
+	e.tombDel = e.tombDel[:0]
+	e.revsDirty = false
+}
+
+// stateBytes estimates the in-memory state size.
+func (e *engine) stateBytes() int64 {
+	return int64(e.nWindows)*200 + int64(e.nDedup)*40 + int64(len(e.devices))*400 + int64(len(e.tombstones))*64
+}

@@ -1,0 +1,338 @@
+package window
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/edgeagent/edgeagent/buffer/outbox"
+)
+
+// Stage is the window stage: it reads Bronze in micro-batches from its
+// checkpoint and commits each batch's state delta, outbox entries, late and
+// dead-letter rows and the new offset in one bbolt transaction.
+//
+// Step, Flush, Run and RunOnce must not run concurrently with each other
+// (they serialise on a mutex); Stats may be called from any goroutine.
+type Stage struct {
+	db  *bolt.DB
+	src Source
+	cfg Config
+	log *slog.Logger
+
+	mu        sync.Mutex // one batch at a time
+	eng       *engine
+	blocked   bool
+	capLogged bool // the device cap was hit and logged; cleared by a batch without
+
+	statsMu sync.Mutex
+	stats   Stats
+}
+
+// StepResult describes one micro-batch.
+type StepResult struct {
+	// Records is the number of Bronze records consumed (all kinds).
+	Records int
+	// Emitted counts aggregates written to the outbox (first emissions and
+	// revisions); Late counts late rows; DeadLetters dead-letter rows.
+	Emitted, Late, Duplicates, DeadLetters int
+	// Offset is the last Bronze sequence committed.
+	Offset uint64
+	// Blocked is true when the outbox was over its bound and nothing was consumed.
+	Blocked  bool
+	Duration time.Duration
+}
+
+// Stats is a snapshot of the stage's position, state size and counters.
+type Stats struct {
+	Offset uint64
+	// Records counts Bronze records processed (messages, ticks, rejected);
+	// Readings those that became readings (before dedup).
+	Records, Readings uint64
+	Batches           uint64
+	// Emitted counts aggregates emitted; Revisions the ones that were
+	// revisions of an already emitted window.
+	Emitted, Revisions uint64
+	OpenWindows        int
+	PendingRevisions   int
+	DedupEntries       int
+	Devices            int
+	Tombstones         int
+	// StateBytes estimates the memory the state takes.
+	StateBytes  int64
+	Late        uint64
+	LateRows    uint64
+	LateEvicted uint64
+	Duplicates  uint64
+	// DeadLetters counts dead letters by reason code.
+	DeadLetters        map[string]uint64
+	DeadLetterRows     uint64
+	DeadLettersEvicted uint64
+	DevicesExpired     uint64
+	// LatestEventTime is the newest event time of an accepted reading;
+	// LoggedClock the newest received-at or tick.
+	LatestEventTime time.Time
+	LoggedClock     time.Time
+	// Lag is wall clock (Config.Clock) minus LatestEventTime.
+	Lag               time.Duration
+	Blocked           bool
+	BlockedTotal      uint64
+	LastBatchDuration time.Duration
+	LastBatchRecords  int
+}
+
+// New validates cfg, creates the stage's buckets (and the outbox's), checks
+// the state fingerprint, loads the state and sets src's checkpoint to the
+// stored offset.
+func New(db *bolt.DB, src Source, cfg Config) (*Stage, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	s := &Stage{db: db, src: src, cfg: cfg, log: cfg.Logger}
+	err := db.Update(func(tx *bolt.Tx) error {
+		if err := createBuckets(tx); err != nil {
+			return err
+		}
+		return checkFingerprint(tx, &s.cfg)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open window state: %w", err)
+	}
+	if err := s.reload(); err != nil {
+		return nil, err
+	}
+	src.SetCheckpoint(s.eng.offset)
+	s.publish(StepResult{}, false)
+	return s, nil
+}
+
+// reload replaces the in-memory state with the stored one; after a failed
+// commit it discards the batch that was not written.
+func (s *Stage) reload() error {
+	err := s.db.View(func(tx *bolt.Tx) error {
+		e, err := loadEngine(tx, &s.cfg)
+		if err != nil {
+			return err
+		}
+		s.eng = e
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("load window state: %w", err)
+	}
+	return nil
+}
+
+// Step runs one micro-batch: at most MaxRecordsPerBatch records after the
+// checkpoint. It consumes nothing while the outbox is at its byte bound.
+func (s *Stage) Step() (StepResult, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	start := s.cfg.Clock()
+	res := StepResult{Offset: s.eng.offset}
+	var full bool
+	err := s.db.View(func(tx *bolt.Tx) error {
+		st, err := outbox.ReadStats(tx)
+		full = int64(st.Bytes) >= s.cfg.OutboxMaxBytes
+		return err
+	})
+	if err != nil {
+		return res, fmt.Errorf("read outbox stats: %w", err)
+	}
+	s.setBlocked(full)
+	if full {
+		res.Blocked = true
+		s.publish(res, true)
+		return res, nil
+	}
+	recs, err := s.src.Read(s.eng.offset+1, s.cfg.MaxRecordsPerBatch)
+	if err != nil {
+		return res, fmt.Errorf("read bronze after %d: %w", s.eng.offset, err)
+	}
+	if len(recs) == 0 {
+		s.publish(res, false)
+		return res, nil
+	}
+	e := s.eng
+	before := e.c
+	for i := range recs {
+		e.process(&recs[i])
+	}
+	e.pruneTombstones()
+	res.Emitted = len(e.out)
+	if err := s.commit(); err != nil {
+		return res, err
+	}
+	s.src.SetCheckpoint(e.offset)
+	capped := e.c.Dead[codeIdx(CodeTooManyDevices)] - before.Dead[codeIdx(CodeTooManyDevices)]
+	if capped > 0 && !s.capLogged {
+		s.log.Warn("window: max_devices reached, readings of new devices are dead-lettered", "max_devices", s.cfg.MaxDevices, "refused", capped)
+	}
+	s.capLogged = capped > 0
+	res.Records = len(recs)
+	res.Late = int(e.c.Late - before.Late)
+	res.Duplicates = int(e.c.Duplicates - before.Duplicates)
+	for i := range e.c.Dead {
+		res.DeadLetters += int(e.c.Dead[i] - before.Dead[i])
+	}
+	res.Offset = e.offset
+	res.Duration = s.cfg.Clock().Sub(start)
+	s.publish(res, true)
+	return res, nil
+}
+
+// commit writes the batch; on failure the in-memory state is reloaded from
+// the database so the batch is redone by the next Step.
+func (s *Stage) commit() error {
+	e := s.eng
+	lateEvicted, deadEvicted := e.c.LateEvicted, e.c.DeadEvicted
+	err := s.db.Update(func(tx *bolt.Tx) error { return s.writeBatch(tx) })
+	if err != nil {
+		if rerr := s.reload(); rerr != nil {
+			return fmt.Errorf("commit window batch: %w (and %v)", err, rerr)
+		}
+		return fmt.Errorf("commit window batch: %w", err)
+	}
+	if lateEvicted == 0 && e.c.LateEvicted > 0 {
+		s.log.Warn("window: late table full, evicting oldest rows", "max_rows", s.cfg.MaxLateRows)
+	}
+	if deadEvicted == 0 && e.c.DeadEvicted > 0 {
+		s.log.Warn("window: dead-letter table full, evicting oldest rows", "max_rows", s.cfg.MaxDeadLetterRows)
+	}
+	e.resetBatch()
+	return nil
+}
+
+func (s *Stage) setBlocked(b bool) {
+	if b == s.blocked {
+		return
+	}
+	s.blocked = b
+	s.statsMu.Lock()
+	if b {
+		s.stats.BlockedTotal++
+	}
+	s.statsMu.Unlock()
+	if b {
+		s.log.Warn("window: outbox full, not consuming Bronze until the uplink drains it", "outbox_max_bytes", s.cfg.OutboxMaxBytes)
+	} else {
+		s.log.Info("window: outbox below its bound, consuming Bronze again")
+	}
+}
+
+// Flush emits every pending revision now and commits. Its emission point
+// depends on when it is called, so only RunOnce (at the end of Bronze) and
+// shutdown paths that accept that should call it.
+func (s *Stage) Flush() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.eng.pending) == 0 {
+		return nil
+	}
+	s.eng.flushPending()
+	if err := s.commit(); err != nil {
+		return err
+	}
+	s.publish(StepResult{Offset: s.eng.offset}, false)
+	return nil
+}
+
+// RunOnce steps until the stage has caught up with src, then flushes
+// pending revisions (edgeagent run --once). It returns ErrBlocked when the
+// outbox is full.
+func (s *Stage) RunOnce() error {
+	for {
+		res, err := s.Step()
+		if err != nil {
+			return err
+		}
+		if res.Blocked {
+			return fmt.Errorf("%w: outbox at or above %d bytes", ErrBlocked, s.cfg.OutboxMaxBytes)
+		}
+		if res.Records < s.cfg.MaxRecordsPerBatch {
+			break
+		}
+	}
+	return s.Flush()
+}
+
+// Run steps every TriggerInterval, and again at once while batches come
+// back full, until ctx is cancelled; it then returns nil after the batch in
+// hand has committed. A Step error is returned.
+func (s *Stage) Run(ctx context.Context) error {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		for {
+			res, err := s.Step()
+			if err != nil {
+				return err
+			}
+			if res.Blocked || res.Records < s.cfg.MaxRecordsPerBatch || ctx.Err() != nil {
+				break
+			}
+		}
+		t.Reset(s.cfg.TriggerInterval)
+	}
+}
+
+// publish refreshes the Stats snapshot (called with s.mu held).
+func (s *Stage) publish(res StepResult, batch bool) {
+	e := s.eng
+	dead := make(map[string]uint64, len(codeIndex))
+	for i, c := range codeIndex {
+		dead[c] = e.c.Dead[i]
+	}
+	s.statsMu.Lock()
+	defer s.statsMu.Unlock()
+	st := &s.stats
+	if batch && res.Records > 0 {
+		st.Batches++
+		st.LastBatchDuration = res.Duration
+		st.LastBatchRecords = res.Records
+	}
+	st.Offset = e.offset
+	st.Records, st.Readings = e.c.Records, e.c.Readings
+	st.Emitted, st.Revisions = e.c.Emitted, e.c.Revisions
+	st.OpenWindows, st.PendingRevisions = e.nWindows, len(e.pending)
+	st.DedupEntries, st.Devices, st.Tombstones = e.nDedup, len(e.devices), len(e.tombstones)
+	st.StateBytes = e.stateBytes()
+	st.Late, st.LateRows, st.LateEvicted = e.c.Late, e.c.LateRows, e.c.LateEvicted
+	st.Duplicates = e.c.Duplicates
+	st.DeadLetters, st.DeadLetterRows, st.DeadLettersEvicted = dead, e.c.DeadRows, e.c.DeadEvicted
+	st.DevicesExpired = e.c.DevicesExpired
+	st.LatestEventTime = time.Time{}
+	if e.c.MaxEventTime != 0 {
+		st.LatestEventTime = time.UnixMilli(e.c.MaxEventTime).UTC()
+	}
+	st.LoggedClock = time.Time{}
+	if e.clock != 0 {
+		st.LoggedClock = time.Unix(0, e.clock).UTC()
+	}
+	st.Blocked = s.blocked
+}
+
+// Stats returns a snapshot; it is safe to call from any goroutine.
+func (s *Stage) Stats() Stats {
+	s.statsMu.Lock()
+	st := s.stats
+	st.DeadLetters = make(map[string]uint64, len(s.stats.DeadLetters))
+	for k, v := range s.stats.DeadLetters {
+		st.DeadLetters[k] = v
+	}
+	s.statsMu.Unlock()
+	if !st.LatestEventTime.IsZero() {
+		st.Lag = s.cfg.Clock().Sub(st.LatestEventTime)
+	}
+	return st
+}

@@ -1,0 +1,510 @@
+package window
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/edgeagent/edgeagent/buffer"
+	"github.com/edgeagent/edgeagent/buffer/outbox"
+	"github.com/edgeagent/edgeagent/uplink/wire"
+)
+
+// telemetry builds a telemetry message for device dev with event time et,
+// received at recv.
+func telemetry(dev, id string, et, recv time.Time, v float64) buffer.Record {
+	return msg("sensors/"+dev+"/telemetry", fmt.Sprintf(`{"id":%q,"ts":%d,"temp":%v}`, id, et.UnixMilli(), v), recv)
+}
+
+// stepper appends records to Bronze and steps the stage over them.
+type stepper struct {
+	t  *testing.T
+	db *bolt.DB
+	br *buffer.Bronze
+	s  *Stage
+}
+
+func newStepper(t *testing.T, cfg Config) *stepper {
+	db, br := openDB(t, "", true), openBronze(t, "")
+	s, err := New(db, br, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &stepper{t, db, br, s}
+}
+
+// feed appends recs and processes them, returning the aggregates emitted.
+func (p *stepper) feed(recs ...buffer.Record) []wire.Aggregate {
+	p.t.Helper()
+	before := len(readOutbox(p.t, p.db))
+	appendAll(p.t, p.br, recs)
+	for {
+		res, err := p.s.Step()
+		if err != nil {
+			p.t.Fatal(err)
+		}
+		if res.Records == 0 {
+			break
+		}
+	}
+	return decodeOutbox(p.t, p.db)[before:]
+}
+
+func TestEmissionByWatermark(t *testing.T) {
+	cfg := testConfig(t) // size 1m, delay 5s
+	p := newStepper(t, cfg)
+	w0 := t0 // window [12:00, 12:01)
+	if got := p.feed(telemetry("d1", "1", w0.Add(10*time.Second), w0.Add(10*time.Second), 1),
+		telemetry("d1", "2", w0.Add(50*time.Second), w0.Add(50*time.Second), 3)); len(got) != 0 {
+		t.Fatalf("emitted before the watermark passed: %v", got)
+	}
+	// max event time 12:01:04.999 → watermark 12:00:59.999 < end
+	if got := p.feed(telemetry("d1", "3", w0.Add(64999*time.Millisecond), w0.Add(65*time.Second), 5)); len(got) != 0 {
+		t.Fatalf("emitted with the watermark 1ms before the end: %v", show(got[0]))
+	}
+	// the watermark reaches the end exactly: emitted now
+	got := p.feed(telemetry("d1", "4", w0.Add(65*time.Second), w0.Add(65*time.Second), 7))
+	if len(got) != 1 {
+		t.Fatalf("emitted %d aggregates when the watermark reached the end, want 1", len(got))
+	}
+	a := got[0]
+	if a.Start != w0.UnixMilli() || a.End != w0.Add(time.Minute).UnixMilli() || a.Rev != 1 || a.Count != 2 || *a.Sum != 4 ||
+		*a.Min != 1 || *a.Max != 3 || *a.Mean != 2 || *a.First != 1 || *a.Last != 3 || a.ProcTime ||
+		a.Key != wire.AggregateKey("gw1", "d1", "temp", w0.UnixMilli(), 1) {
+		t.Errorf("aggregate %s key %s", show(a), a.Key)
+	}
+}
+
+func TestIdleCloseAndRevisionsPerTick(t *testing.T) {
+	cfg := testConfig(t) // idle 2m, lateness 30s, trigger 1s
+	p := newStepper(t, cfg)
+	w := t0
+	p.feed(telemetry("d1", "1", w.Add(10*time.Second), w.Add(10*time.Second), 1))
+	// silent for just under idle_timeout: nothing
+	if got := p.feed(tick(w.Add(10*time.Second + cfg.IdleTimeout - time.Millisecond))); len(got) != 0 {
+		t.Fatalf("idle-closed early: %v", show(got[0]))
+	}
+	got := p.feed(tick(w.Add(10*time.Second + cfg.IdleTimeout)))
+	if len(got) != 1 || got[0].Rev != 1 || got[0].Count != 1 {
+		t.Fatalf("idle close emitted %v", got)
+	}
+	// The device is back with two readings for the idle-closed window
+	// (accepted: its watermark has not moved) within one tick interval:
+	// no emission until the logged clock crosses a trigger boundary, then
+	// exactly one revision.
+	back := w.Add(3 * time.Minute).Add(100 * time.Millisecond)
+	if got := p.feed(telemetry("d1", "2", w.Add(20*time.Second), back, 2),
+		telemetry("d1", "3", w.Add(30*time.Second), back.Add(300*time.Millisecond), 4)); len(got) != 0 {
+		t.Fatalf("revision emitted before the trigger boundary: %v", show(got[0]))
+	}
+	if st := p.s.Stats(); st.PendingRevisions != 1 {
+		t.Errorf("pending revisions %d, want 1", st.PendingRevisions)
+	}
+	got = p.feed(tick(back.Add(time.Second)))
+	if len(got) != 1 || got[0].Rev != 2 || got[0].Count != 3 || *got[0].Sum != 7 || *got[0].Last != 4 {
+		t.Fatalf("revision: %v", got)
+	}
+	// the idle-closed window stays in state for more revisions until the
+	// watermark passes end + lateness
+	if st := p.s.Stats(); st.OpenWindows != 1 {
+		t.Errorf("open windows %d, want 1 (kept for revisions)", st.OpenWindows)
+	}
+	p.feed(telemetry("d1", "4", w.Add(60*time.Second+35*time.Second), back.Add(2*time.Second), 0)) // wm = 12:01:30 = end + lateness
+	if st := p.s.Stats(); st.OpenWindows != 1 {                                                    // only the new window [12:01, 12:02)
+		t.Errorf("open windows %d after the watermark passed end+lateness, want 1", st.OpenWindows)
+	}
+	late := p.feed(telemetry("d1", "5", w.Add(40*time.Second), back.Add(3*time.Second), 9))
+	if len(late) != 0 {
+		t.Fatalf("a final window was revised: %v", late)
+	}
+	rows := readLate(t, p.db)
+	if len(rows) != 1 || rows[0].Seq != 8 || rows[0].WindowStart != w.UnixMilli() || rows[0].Value != 9 ||
+		rows[0].Watermark != w.Add(90*time.Second).UnixMilli() || rows[0].EventTime != w.Add(40*time.Second).UnixMilli() {
+		t.Errorf("late rows %+v", rows)
+	}
+}
+
+func TestDeviceExpiryAndCap(t *testing.T) {
+	var logs captureLog
+	cfg := testConfig(t)
+	cfg.DeviceExpiry = time.Hour
+	cfg.MaxDevices = 1
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	p := newStepper(t, cfg)
+	p.feed(telemetry("d1", "1", t0, t0, 1))
+	if got := p.feed(telemetry("d2", "1", t0, t0.Add(time.Second), 1)); len(got) != 0 {
+		t.Fatal("second device accepted over max_devices")
+	}
+	p.feed(telemetry("d3", "1", t0, t0.Add(2*time.Second), 1))
+	if n := strings.Count(logs.String(), "max_devices reached"); n != 1 {
+		t.Errorf("cap logged %d times over two consecutive batches, want once:\n%s", n, logs.String())
+	}
+	p.feed(tick(t0.Add(time.Hour)))
+	st := p.s.Stats()
+	if st.Devices != 0 || st.DevicesExpired != 1 || st.OpenWindows != 0 || st.DedupEntries != 0 || st.Tombstones != 1 {
+		t.Fatalf("after expiry: %+v", st)
+	}
+	// d2 now fits under the cap
+	p.feed(telemetry("d2", "2", t0.Add(time.Hour), t0.Add(time.Hour+time.Second), 1))
+	if st := p.s.Stats(); st.Devices != 1 || st.DeadLetters[CodeTooManyDevices] != 2 {
+		t.Fatalf("d2 after expiry: devices %d, too-many counter %d", st.Devices, st.DeadLetters[CodeTooManyDevices])
+	}
+	// d1 returns with a reading for its emitted window: it is late (not a
+	// rev 1 with other content), while a new window is fine once d2 expires.
+	p.feed(tick(t0.Add(2*time.Hour + 2*time.Second)))
+	got := p.feed(telemetry("d1", "9", t0.Add(30*time.Second), t0.Add(2*time.Hour+3*time.Second), 5))
+	if len(got) != 0 {
+		t.Fatalf("returning device re-emitted an old window: %v", show(got[0]))
+	}
+	if rows := readLate(t, p.db); len(rows) != 1 || rows[0].Device != "d1" {
+		t.Fatalf("late rows %+v", rows)
+	}
+	for _, a := range upsert(t, decodeOutbox(t, p.db)) {
+		if a.Device == "d1" && a.Count != 1 {
+			t.Errorf("d1 window changed: %s", show(a))
+		}
+	}
+}
+
+func TestFingerprint(t *testing.T) {
+	db, br := openDB(t, "", true), openBronze(t, "")
+	cfg := testConfig(t)
+	if _, err := New(db, br, cfg); err != nil {
+		t.Fatal(err)
+	}
+	// compatible changes are accepted
+	ok := cfg
+	ok.Aggregates = []string{"count", "max"}
+	ok.AllowedLateness = time.Minute
+	ok.WatermarkDelay = 0
+	ok.IdleTimeout = 5 * time.Minute
+	ok.Metrics = []string{"temp"}
+	if _, err := New(db, br, ok); err != nil {
+		t.Fatalf("compatible change refused: %v", err)
+	}
+	bad := cfg
+	bad.Size = 5 * time.Minute
+	bad.EventID = "msg_id"
+	bad.ConfigPath = "/etc/edgeagent/edgeagent.yaml"
+	_, err := New(db, br, bad)
+	if !errors.Is(err, ErrIncompatibleState) {
+		t.Fatalf("New with a new window size = %v, want ErrIncompatibleState", err)
+	}
+	for _, want := range []string{"window.size changed from 1m0s to 5m0s", "window.slide changed from 1m0s to 5m0s",
+		"readings.event_id changed from id to msg_id", "edgeagent reset-state -c /etc/edgeagent/edgeagent.yaml"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	if err := ResetState(db); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(db, br, bad); err != nil {
+		t.Fatalf("after reset-state: %v", err)
+	}
+}
+
+func TestResetStateRebuilds(t *testing.T) {
+	cfg := testConfig(t)
+	recs := genStream(21, cfg, genOpts{devices: 6, duration: 20 * time.Minute, period: 10 * time.Second, dupRate: 0.1, noIDRate: 0.2, lateRate: 0.05})
+	db, br := openDB(t, "", true), openBronze(t, "")
+	appendAll(t, br, recs)
+	s, err := New(db, br, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runToEnd(t, s)
+	first := decodeOutbox(t, db)
+	var high uint32
+	for _, a := range first {
+		high = max(high, a.Rev)
+	}
+	if err := ResetState(db); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(readLate(t, db)); n != 0 {
+		t.Errorf("%d late rows after reset", n)
+	}
+	if got := len(readOutbox(t, db)); got != len(first) {
+		t.Fatalf("reset changed the outbox: %d entries, had %d", got, len(first))
+	}
+	cfg2 := cfg
+	cfg2.Size = 2 * time.Minute
+	s2, err := New(db, br, cfg2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := s2.Stats(); st.Offset != 0 || st.OpenWindows != 0 {
+		t.Fatalf("state after reset: %+v", st)
+	}
+	runToEnd(t, s2)
+	rebuilt := decodeOutbox(t, db)[len(first):]
+	for _, a := range rebuilt {
+		if a.Rev <= high {
+			t.Fatalf("rebuilt %s has rev %d, not above the floor %d", a.Key, a.Rev, high)
+		}
+	}
+	checkAgainstReference(t, cfg2, recs, rebuilt, readLate(t, db), s2.Stats().Duplicates)
+}
+
+func TestReplay(t *testing.T) {
+	// Live config: unix_ms, so readings carrying RFC 3339 strings are dead letters.
+	live := testConfig(t)
+	live.TimeFormat = TimeUnixMs
+	db, br := openDB(t, "", true), openBronze(t, "")
+	var recs []buffer.Record
+	for i := range 40 {
+		recv := t0.Add(time.Duration(i) * 5 * time.Second)
+		if i%4 == 3 {
+			recs = append(recs, msg("sensors/d1/telemetry", fmt.Sprintf(`{"id":"%d","ts":%q,"temp":%d}`, i, recv.Format(time.RFC3339Nano), i), recv))
+		} else {
+			recs = append(recs, telemetry("d1", fmt.Sprint(i), recv, recv, float64(i)))
+		}
+		if i%10 == 0 {
+			recs = append(recs, recs[len(recs)-1]) // a redelivery
+		}
+	}
+	recs = append(recs, tick(t0.Add(10*time.Minute)))
+	appendAll(t, br, recs)
+	s, err := New(db, br, live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runToEnd(t, s)
+	if n := s.Stats().DeadLetters[CodeTimeType]; n != 10 {
+		t.Fatalf("%d time_type dead letters, want 10", n)
+	}
+	var high uint32
+	for _, a := range decodeOutbox(t, db) {
+		high = max(high, a.Rev)
+	}
+	before := len(readOutbox(t, db))
+
+	fixed := live
+	fixed.TimeFormat = TimeAuto
+	n, err := Replay(db, br, fixed, t0.Add(time.Minute), t0.Add(3*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	replayed := decodeOutbox(t, db)[before:]
+	if n != 2 || len(replayed) != 2 {
+		t.Fatalf("replay returned %d and emitted %d, want 2 windows ([12:01, 12:02), [12:02, 12:03))", n, len(replayed))
+	}
+	for k, a := range replayed {
+		start := t0.Add(time.Duration(k+1) * time.Minute)
+		// readings i = 12k+12 .. 12k+23, every one counted once now
+		var sum float64
+		for i := 12*k + 12; i < 12*k+24; i++ {
+			sum += float64(i)
+		}
+		if a.Start != start.UnixMilli() || a.Rev != high+1 || a.Count != 12 || *a.Sum != sum || *a.First != float64(12*k+12) || *a.Last != float64(12*k+23) {
+			t.Errorf("replayed %s, want start %v rev %d count 12 sum %v", show(a), start, high+1, sum)
+		}
+	}
+	// The live stage continues above the replay's revisions.
+	s, err = New(db, br, live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendAll(t, br, []buffer.Record{telemetry("d1", "late", t0.Add(3*time.Minute+20*time.Second), t0.Add(10*time.Minute+time.Second), 100),
+		tick(t0.Add(10*time.Minute + 3*time.Second))})
+	runToEnd(t, s)
+	after := decodeOutbox(t, db)[before+2:]
+	if len(after) != 1 || after[0].Rev != high+2 {
+		t.Fatalf("live revision after replay: %v", after)
+	}
+}
+
+type captureLog struct{ bytes.Buffer }
+
+func TestOutboxBackpressure(t *testing.T) {
+	var logs captureLog
+	cfg := testConfig(t)
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	cfg.OutboxMaxBytes = 100
+	cfg.MaxRecordsPerBatch = 2
+	p := newStepper(t, cfg)
+	appendAll(t, p.br, []buffer.Record{
+		telemetry("d1", "1", t0, t0, 1), telemetry("d1", "2", t0.Add(2*time.Minute), t0.Add(2*time.Minute), 2),
+		telemetry("d1", "3", t0.Add(4*time.Minute), t0.Add(4*time.Minute), 3), telemetry("d1", "4", t0.Add(6*time.Minute), t0.Add(6*time.Minute), 4),
+	})
+	res, err := p.s.Step()
+	if err != nil || res.Records != 2 || res.Emitted != 1 {
+		t.Fatalf("first step %+v, %v", res, err)
+	}
+	for range 2 {
+		res, err = p.s.Step()
+		if err != nil || !res.Blocked || res.Records != 0 || res.Offset != 2 {
+			t.Fatalf("step over the bound: %+v, %v", res, err)
+		}
+	}
+	st := p.s.Stats()
+	if !st.Blocked || st.BlockedTotal != 1 || st.Offset != 2 {
+		t.Errorf("stats while blocked: blocked %v total %d offset %d", st.Blocked, st.BlockedTotal, st.Offset)
+	}
+	if n := strings.Count(logs.String(), "outbox full"); n != 1 {
+		t.Errorf("logged %d times while blocked, want once:\n%s", n, logs.String())
+	}
+	if err := p.s.RunOnce(); !errors.Is(err, ErrBlocked) {
+		t.Errorf("RunOnce while blocked = %v", err)
+	}
+	// the uplink drains the outbox
+	err = p.db.Update(func(tx *bolt.Tx) error {
+		es, err := outbox.Read(tx, 0, 100)
+		if err != nil {
+			return err
+		}
+		for _, e := range es {
+			if err := outbox.Delete(tx, e.Seq); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err = p.s.Step()
+	if err != nil || res.Blocked || res.Records != 2 || res.Offset != 4 {
+		t.Fatalf("step after draining: %+v, %v", res, err)
+	}
+	if st := p.s.Stats(); st.Blocked || !strings.Contains(logs.String(), "consuming Bronze again") {
+		t.Errorf("not unblocked: %v\n%s", st.Blocked, logs.String())
+	}
+}
+
+func TestRunUntilCancelled(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.TriggerInterval = 5 * time.Millisecond
+	p := newStepper(t, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.s.Run(ctx) }()
+	var recs []buffer.Record
+	for i := range 1200 { // several full batches of 500
+		at := t0.Add(time.Duration(i) * time.Second)
+		recs = append(recs, telemetry("d1", fmt.Sprint(i), at, at, float64(i)))
+	}
+	appendAll(t, p.br, recs)
+	waitFor(t, 10*time.Second, "Run to consume Bronze", func() bool { return p.s.Stats().Offset == 1200 })
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run returned %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+	if st := p.s.Stats(); st.Emitted != 19 || st.Batches < 3 || p.br.Checkpoint() != 1200 {
+		t.Errorf("emitted %d windows in %d batches, checkpoint %d", st.Emitted, st.Batches, p.br.Checkpoint())
+	}
+}
+
+type failingObserver struct {
+	fail bool
+	seen []string
+}
+
+func (o *failingObserver) Emitted(tx *bolt.Tx, a *wire.Aggregate, at int64) error {
+	if tx == nil || !tx.Writable() {
+		return errors.New("not inside the batch transaction")
+	}
+	if o.fail {
+		return errors.New("alert engine unavailable")
+	}
+	o.seen = append(o.seen, a.Key)
+	return nil
+}
+
+func TestObserverAndFailedCommit(t *testing.T) {
+	obs := &failingObserver{fail: true}
+	cfg := testConfig(t)
+	cfg.Observer = obs
+	p := newStepper(t, cfg)
+	appendAll(t, p.br, []buffer.Record{telemetry("d1", "1", t0, t0, 1), telemetry("d1", "2", t0.Add(2*time.Minute), t0.Add(2*time.Minute), 2)})
+	if _, err := p.s.Step(); err == nil || !strings.Contains(err.Error(), "alert engine unavailable") {
+		t.Fatalf("step with a failing observer = %v", err)
+	}
+	if st := p.s.Stats(); st.Offset != 0 || len(readOutbox(t, p.db)) != 0 || p.br.Checkpoint() != 0 {
+		t.Fatalf("failed batch left traces: offset %d", st.Offset)
+	}
+	obs.fail = false
+	res, err := p.s.Step()
+	if err != nil || res.Records != 2 || res.Emitted != 1 {
+		t.Fatalf("retried step %+v, %v", res, err)
+	}
+	want := wire.AggregateKey("gw1", "d1", "temp", t0.UnixMilli(), 1)
+	if len(obs.seen) != 1 || obs.seen[0] != want {
+		t.Errorf("observer saw %v, want [%s]", obs.seen, want)
+	}
+}
+
+func TestConfiguredAggregatesAndProcTime(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Aggregates = []string{"count", "max", "last"}
+	cfg.IdleTimeout = time.Minute
+	p := newStepper(t, cfg)
+	got := p.feed(msg("raw/d9/pressure", "5", t0.Add(time.Second)), msg("raw/d9/pressure", "5", t0.Add(2*time.Second)),
+		tick(t0.Add(2*time.Second+time.Minute)))
+	if len(got) != 1 {
+		t.Fatalf("emitted %v", got)
+	}
+	a := got[0]
+	if a.Metric != "pressure" || a.Count != 2 || !a.ProcTime || a.Sum != nil || a.Min != nil || a.Mean != nil || a.First != nil || *a.Max != 5 || *a.Last != 5 {
+		t.Errorf("aggregate %s", show(a))
+	}
+}
+
+func TestStatsLag(t *testing.T) {
+	cfg := testConfig(t)
+	now := t0.Add(time.Hour)
+	cfg.Clock = func() time.Time { return now }
+	p := newStepper(t, cfg)
+	p.feed(telemetry("d1", "1", t0.Add(10*time.Second), t0.Add(11*time.Second), 1))
+	st := p.s.Stats()
+	if !st.LatestEventTime.Equal(t0.Add(10*time.Second)) || st.Lag != time.Hour-10*time.Second || !st.LoggedClock.Equal(t0.Add(11*time.Second)) {
+		t.Errorf("latest %v lag %v clock %v", st.LatestEventTime, st.Lag, st.LoggedClock)
+	}
+	if st.Records != 1 || st.Readings != 1 || st.Devices != 1 || st.OpenWindows != 1 || st.DedupEntries != 1 || st.StateBytes <= 0 || st.Batches != 1 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	cases := []struct {
+		key   string
+		tweak func(*Config)
+	}{
+		{"gateway_id", func(c *Config) { c.Gateway = "" }},
+		{"subscriptions", func(c *Config) { c.Subscriptions = nil }},
+		{"{device}", func(c *Config) { c.Subscriptions[0].Template = mustTemplate(t, "a/{metric}") }},
+		{"format", func(c *Config) { c.Subscriptions[0].Format = "xml" }},
+		{"readings.time_format", func(c *Config) { c.TimeFormat = "unix_us" }},
+		{"window.size", func(c *Config) { c.Size = 1500 * time.Microsecond }},
+		{"window.slide", func(c *Config) { c.Slide = 2 * time.Minute }},
+		{"window.aggregates", func(c *Config) { c.Aggregates = []string{"median"} }},
+		{"window.allowed_lateness", func(c *Config) { c.AllowedLateness = -time.Second }},
+		{"window.device_expiry", func(c *Config) { c.DeviceExpiry = time.Minute }},
+		{"readings.metrics", func(c *Config) { c.Metrics = []string{"ts"} }},
+		{"processing.trigger_interval", func(c *Config) { c.TriggerInterval = time.Microsecond }},
+	}
+	for _, c := range cases {
+		cfg := testConfig(t)
+		c.tweak(&cfg)
+		err := cfg.Validate()
+		if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), c.key) {
+			t.Errorf("%s: Validate = %v", c.key, err)
+		}
+	}
+	if err := testConfig(t).Validate(); err != nil {
+		t.Errorf("valid config refused: %v", err)
+	}
+}

@@ -1,0 +1,535 @@
+package window
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"strings"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/edgeagent/edgeagent/buffer/outbox"
+	"github.com/edgeagent/edgeagent/uplink/wire"
+)
+
+// Bucket layout in the state database. Window and dedup keys lead with the
+// (order-preserving) time, so a batch of in-order data touches a few
+// adjacent pages instead of one page per device.
+var (
+	// window_meta: offset, logged clock, counters, fingerprint.
+	bucketMeta = []byte("window_meta")
+	// window_revs: highest revision ever emitted and the revision base.
+	// ResetState keeps it so revisions stay monotonic.
+	bucketRevs = []byte("window_revs")
+	// window_devices: device name → watermark, horizon, last seen, idle flag.
+	bucketDevices = []byte("window_devices")
+	// window_windows: start(8) | len+device | metric → aggregates.
+	bucketWindows = []byte("window_windows")
+	// window_dedup: lastEnd(8) | len+device | hash(8) → empty.
+	bucketDedup = []byte("window_dedup")
+	// window_tombstones: device name → lateness horizon of an expired device.
+	bucketTombstones = []byte("window_tombstones")
+	// window_late and window_deadletter: sequence → row.
+	bucketLate = []byte("window_late")
+	bucketDead = []byte("window_deadletter")
+
+	stateBuckets = [][]byte{bucketMeta, bucketRevs, bucketDevices, bucketWindows, bucketDedup, bucketTombstones, bucketLate, bucketDead}
+
+	keyOffset      = []byte("offset")
+	keyClock       = []byte("clock")
+	keyCounters    = []byte("counters")
+	keyFingerprint = []byte("fingerprint")
+	keyHighRev     = []byte("high")
+	keyRevBase     = []byte("base")
+)
+
+func createBuckets(tx *bolt.Tx) error {
+	if err := outbox.Init(tx); err != nil {
+		return err
+	}
+	for _, name := range stateBuckets {
+		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+			return fmt.Errorf("create bucket %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func windowKey(start int64, dev, metric string) []byte {
+	k := make([]byte, 0, 8+2+len(dev)+len(metric))
+	k = binary.BigEndian.AppendUint64(k, orderedInt(start))
+	k = appendString(k, dev)
+	return append(k, metric...)
+}
+
+func parseWindowKey(k []byte) (start int64, dev, metric string, err error) {
+	if len(k) < 9 {
+		return 0, "", "", fmt.Errorf("%w: window key %x", ErrCorruptState, k)
+	}
+	d := decoder{b: k[8:]}
+	dev = d.string()
+	if d.err != nil {
+		return 0, "", "", fmt.Errorf("%w: window key %x", ErrCorruptState, k)
+	}
+	return fromOrdered(binary.BigEndian.Uint64(k)), dev, string(d.b), nil
+}
+
+func dedupKey(lastEnd int64, dev string, h uint64) []byte {
+	k := make([]byte, 0, 8+2+len(dev)+8)
+	k = binary.BigEndian.AppendUint64(k, orderedInt(lastEnd))
+	k = appendString(k, dev)
+	return binary.BigEndian.AppendUint64(k, h)
+}
+
+func appendWindow(b []byte, w *window) []byte {
+	var flags byte
+	if w.emitted {
+		flags |= 1
+	}
+	if w.pending {
+		flags |= 2
+	}
+	if w.ptime {
+		flags |= 4
+	}
+	b = binary.AppendUvarint(b, uint64(w.rev))
+	b = append(b, flags)
+	b = binary.AppendUvarint(b, w.count)
+	for _, f := range [...]float64{w.sum, w.min, w.max, w.first, w.last} {
+		b = appendFloat(b, f)
+	}
+	b = binary.AppendVarint(b, w.firstT)
+	b = binary.AppendVarint(b, w.lastT)
+	b = binary.AppendUvarint(b, w.firstSeq)
+	return binary.AppendUvarint(b, w.lastSeq)
+}
+
+func decodeWindow(v []byte, w *window) error {
+	d := decoder{b: v}
+	w.rev = uint32(d.uvarint())
+	if len(d.b) < 1 {
+		return fmt.Errorf("%w: window row", ErrCorruptState)
+	}
+	flags := d.b[0]
+	d.b = d.b[1:]
+	w.emitted, w.pending, w.ptime = flags&1 != 0, flags&2 != 0, flags&4 != 0
+	w.count = d.uvarint()
+	w.sum, w.min, w.max, w.first, w.last = d.float(), d.float(), d.float(), d.float(), d.float()
+	w.firstT, w.lastT = d.varint(), d.varint()
+	w.firstSeq, w.lastSeq = d.uvarint(), d.uvarint()
+	if d.err != nil {
+		return fmt.Errorf("%w: window row: %v", ErrCorruptState, d.err)
+	}
+	return nil
+}
+
+func appendDevice(b []byte, d *device) []byte {
+	var flags byte
+	if d.hasMax {
+		flags |= 1
+	}
+	if d.idle {
+		flags |= 2
+	}
+	b = append(b, flags)
+	b = binary.AppendVarint(b, d.maxT)
+	b = binary.AppendVarint(b, d.finalBefore)
+	return binary.AppendVarint(b, d.lastSeen)
+}
+
+func decodeDevice(v []byte, d *device) error {
+	if len(v) < 1 {
+		return fmt.Errorf("%w: device row", ErrCorruptState)
+	}
+	dec := decoder{b: v[1:]}
+	d.hasMax, d.idle = v[0]&1 != 0, v[0]&2 != 0
+	d.maxT, d.finalBefore, d.lastSeen = dec.varint(), dec.varint(), dec.varint()
+	if dec.err != nil {
+		return fmt.Errorf("%w: device row: %v", ErrCorruptState, dec.err)
+	}
+	return nil
+}
+
+func appendCounters(b []byte, c *counters) []byte {
+	for _, v := range []uint64{c.Records, c.Ticks, c.Readings, c.Emitted, c.Revisions, c.Late, c.LateEvicted,
+		c.Duplicates, c.DeadEvicted, c.LateRows, c.DeadRows, c.DevicesExpired} {
+		b = binary.AppendUvarint(b, v)
+	}
+	b = binary.AppendVarint(b, c.MaxEventTime)
+	b = binary.AppendUvarint(b, uint64(len(c.Dead)))
+	for _, v := range c.Dead {
+		b = binary.AppendUvarint(b, v)
+	}
+	return b
+}
+
+func decodeCounters(v []byte, c *counters) error {
+	d := decoder{b: v}
+	for _, p := range []*uint64{&c.Records, &c.Ticks, &c.Readings, &c.Emitted, &c.Revisions, &c.Late, &c.LateEvicted,
+		&c.Duplicates, &c.DeadEvicted, &c.LateRows, &c.DeadRows, &c.DevicesExpired} {
+		*p = d.uvarint()
+	}
+	c.MaxEventTime = d.varint()
+	n := d.uvarint()
+	for i := uint64(0); i < n && d.err == nil; i++ {
+		v := d.uvarint()
+		if i < uint64(len(c.Dead)) {
+			c.Dead[i] = v
+		}
+	}
+	if d.err != nil {
+		return fmt.Errorf("%w: counters: %v", ErrCorruptState, d.err)
+	}
+	return nil
+}
+
+func putU64(b *bolt.Bucket, k []byte, v uint64) error {
+	var buf [8]byte
+	binary.BigEndian.PutUint64(buf[:], v)
+	if err := b.Put(k, buf[:]); err != nil {
+		return fmt.Errorf("put %s: %w", k, err)
+	}
+	return nil
+}
+
+func getU64(b *bolt.Bucket, k []byte) uint64 {
+	if b == nil {
+		return 0
+	}
+	v := b.Get(k)
+	if len(v) != 8 {
+		return 0
+	}
+	return binary.BigEndian.Uint64(v)
+}
+
+// checkFingerprint stores the fingerprint on first use and refuses a
+// changed one.
+func checkFingerprint(tx *bolt.Tx, cfg *Config) error {
+	m := tx.Bucket(bucketMeta)
+	cur := cfg.fingerprint()
+	stored := m.Get(keyFingerprint)
+	if stored == nil {
+		if err := m.Put(keyFingerprint, encodeFingerprint(cur)); err != nil {
+			return fmt.Errorf("store fingerprint: %w", err)
+		}
+		return nil
+	}
+	old, err := decodeFingerprint(stored)
+	if err != nil {
+		return err
+	}
+	return compareFingerprint(old, cur, cfg.ConfigPath)
+}
+
+// loadEngine builds an engine from the stored state.
+func loadEngine(tx *bolt.Tx, cfg *Config) (*engine, error) {
+	e := newEngine(cfg)
+	m := tx.Bucket(bucketMeta)
+	e.offset = getU64(m, keyOffset)
+	e.clock = int64(getU64(m, keyClock))
+	if v := m.Get(keyCounters); v != nil {
+		if err := decodeCounters(v, &e.c); err != nil {
+			return nil, err
+		}
+	}
+	r := tx.Bucket(bucketRevs)
+	e.highRev = uint32(getU64(r, keyHighRev))
+	e.revBase = uint32(getU64(r, keyRevBase))
+	var devs []*device
+	err := tx.Bucket(bucketDevices).ForEach(func(k, v []byte) error {
+		d := &device{name: string(k), dedupMin: endless, nextEmit: endless, nextPrune: endless,
+			series: map[string]*series{}, dedup: map[uint64]int64{}}
+		if err := decodeDevice(v, d); err != nil {
+			return fmt.Errorf("device %q: %w", k, err)
+		}
+		e.devices[d.name] = d
+		devs = append(devs, d)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = tx.Bucket(bucketWindows).ForEach(func(k, v []byte) error {
+		start, devName, metric, err := parseWindowKey(k)
+		if err != nil {
+			return err
+		}
+		d := e.devices[devName]
+		if d == nil {
+			return fmt.Errorf("%w: window of unknown device %q", ErrCorruptState, devName)
+		}
+		ser := d.series[metric]
+		if ser == nil {
+			ser = &series{dev: d, name: metric}
+			d.series[metric] = ser
+		}
+		w := &window{ser: ser, start: start}
+		if err := decodeWindow(v, w); err != nil {
+			return err
+		}
+		ser.windows = append(ser.windows, w)
+		e.nWindows++
+		if w.pending {
+			e.pending[w] = struct{}{}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = tx.Bucket(bucketDedup).ForEach(func(k, _ []byte) error {
+		if len(k) < 17 {
+			return fmt.Errorf("%w: dedup key %x", ErrCorruptState, k)
+		}
+		le := fromOrdered(binary.BigEndian.Uint64(k))
+		dd := decoder{b: k[8 : len(k)-8]}
+		devName := dd.bytes()
+		if dd.err != nil || len(dd.b) != 0 {
+			return fmt.Errorf("%w: dedup key %x", ErrCorruptState, k)
+		}
+		d := e.devices[string(devName)]
+		if d == nil {
+			return fmt.Errorf("%w: dedup entry of unknown device %q", ErrCorruptState, devName)
+		}
+		h := binary.BigEndian.Uint64(k[len(k)-8:])
+		if _, ok := d.dedup[h]; !ok {
+			e.nDedup++
+		}
+		d.dedup[h] = max(d.dedup[h], le)
+		d.dedupMin = min(d.dedupMin, le)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	err = tx.Bucket(bucketTombstones).ForEach(func(k, v []byte) error {
+		h, n := binary.Varint(v)
+		if n <= 0 {
+			return fmt.Errorf("%w: tombstone %q", ErrCorruptState, k)
+		}
+		e.tombstones[string(k)] = h
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	// Lists are ordered by last seen, as the uninterrupted run built them.
+	slices.SortFunc(devs, func(a, b *device) int {
+		if a.lastSeen != b.lastSeen {
+			if a.lastSeen < b.lastSeen {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.name, b.name)
+	})
+	for _, d := range devs {
+		if d.idle {
+			e.idleList.push(d)
+		} else {
+			e.active.push(d)
+		}
+		e.pruneDevice(d) // recomputes due points; prunes nothing that is not already prunable
+	}
+	// Pruning at load may have queued deletes of rows already final; the
+	// next batch writes them.
+	return e, nil
+}
+
+// writeBatch writes the engine's batch outputs and state delta in tx.
+func (s *Stage) writeBatch(tx *bolt.Tx) error {
+	e := s.eng
+	// bbolt keeps Put values until commit: they are cut from an arena that
+	// only grows, never overwritten.
+	var arena []byte
+	for i := range e.out {
+		em := &e.out[i]
+		data, err := encodeAggregate(&em.agg)
+		if err != nil {
+			return err
+		}
+		if _, err := outbox.Append(tx, outbox.KindAggregate, em.at, data); err != nil {
+			return fmt.Errorf("append aggregate %s: %w", em.agg.Key, err)
+		}
+		if s.cfg.Observer != nil {
+			if err := s.cfg.Observer.Emitted(tx, &em.agg, em.at); err != nil {
+				return fmt.Errorf("observer for %s: %w", em.agg.Key, err)
+			}
+		}
+	}
+	if err := writeRows(tx, e); err != nil {
+		return err
+	}
+	m := tx.Bucket(bucketMeta)
+	if err := putU64(m, keyOffset, e.offset); err != nil {
+		return err
+	}
+	if err := putU64(m, keyClock, uint64(e.clock)); err != nil {
+		return err
+	}
+	if err := m.Put(keyCounters, appendCounters(nil, &e.c)); err != nil {
+		return fmt.Errorf("put counters: %w", err)
+	}
+	if e.revsDirty {
+		r := tx.Bucket(bucketRevs)
+		if err := putU64(r, keyHighRev, uint64(e.highRev)); err != nil {
+			return err
+		}
+	}
+
+	devs := tx.Bucket(bucketDevices)
+	for _, name := range e.delDevs {
+		if err := devs.Delete([]byte(name)); err != nil {
+			return fmt.Errorf("delete device %q: %w", name, err)
+		}
+	}
+	slices.SortFunc(e.dirtyDevs, func(a, b *device) int { return strings.Compare(a.name, b.name) })
+	for _, d := range e.dirtyDevs {
+		if d.dead {
+			continue
+		}
+		var v []byte
+		arena, v = stash(arena, appendDevice(arena, d))
+		if err := devs.Put([]byte(d.name), v); err != nil {
+			return fmt.Errorf("put device %q: %w", d.name, err)
+		}
+	}
+
+	wins := tx.Bucket(bucketWindows)
+	slices.SortFunc(e.delWins, bytes.Compare)
+	for _, k := range e.delWins {
+		if err := wins.Delete(k); err != nil {
+			return fmt.Errorf("delete window: %w", err)
+		}
+	}
+	type kw struct {
+		k []byte
+		w *window
+	}
+	puts := make([]kw, 0, len(e.dirtyWins))
+	for _, w := range e.dirtyWins {
+		if !w.dead {
+			puts = append(puts, kw{windowKey(w.start, w.ser.dev.name, w.ser.name), w})
+		}
+	}
+	slices.SortFunc(puts, func(a, b kw) int { return bytes.Compare(a.k, b.k) })
+	for _, p := range puts {
+		var v []byte
+		arena, v = stash(arena, appendWindow(arena, p.w))
+		if err := wins.Put(p.k, v); err != nil {
+			return fmt.Errorf("put window: %w", err)
+		}
+	}
+
+	dd := tx.Bucket(bucketDedup)
+	slices.SortFunc(e.delDedup, bytes.Compare)
+	for _, k := range e.delDedup {
+		if err := dd.Delete(k); err != nil {
+			return fmt.Errorf("delete dedup entry: %w", err)
+		}
+	}
+	keys := make([][]byte, 0, len(e.addDedup))
+	for _, op := range e.addDedup {
+		if le, ok := op.dev.dedup[op.hash]; !op.dev.dead && ok && le == op.lastEnd {
+			keys = append(keys, dedupKey(op.lastEnd, op.dev.name, op.hash))
+		}
+	}
+	slices.SortFunc(keys, bytes.Compare)
+	for _, k := range keys {
+		if err := dd.Put(k, []byte{}); err != nil {
+			return fmt.Errorf("put dedup entry: %w", err)
+		}
+	}
+
+	tb := tx.Bucket(bucketTombstones)
+	for _, name := range e.tombDel {
+		if err := tb.Delete([]byte(name)); err != nil {
+			return fmt.Errorf("delete tombstone: %w", err)
+		}
+	}
+	for _, name := range e.tombPut {
+		if h, ok := e.tombstones[name]; ok {
+			if err := tb.Put([]byte(name), binary.AppendVarint(nil, h)); err != nil {
+				return fmt.Errorf("put tombstone: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+func encodeAggregate(a *wire.Aggregate) ([]byte, error) {
+	data, err := wire.EncodeAggregate(a)
+	if err != nil {
+		return nil, fmt.Errorf("encode aggregate %s: %w", a.Key, err)
+	}
+	return data, nil
+}
+
+// writeRows appends the batch's late and dead-letter rows and evicts the
+// oldest beyond the caps.
+func writeRows(tx *bolt.Tx, e *engine) error {
+	var arena, v []byte
+	lb := tx.Bucket(bucketLate)
+	for i := range e.lates {
+		arena, v = stash(arena, appendLate(arena, &e.lates[i]))
+		if err := putRow(lb, v); err != nil {
+			return fmt.Errorf("put late row: %w", err)
+		}
+	}
+	e.c.LateRows += uint64(len(e.lates))
+	n, err := evict(lb, &e.c.LateRows, uint64(e.cfg.MaxLateRows))
+	if err != nil {
+		return fmt.Errorf("evict late rows: %w", err)
+	}
+	e.c.LateEvicted += n
+	db := tx.Bucket(bucketDead)
+	for i := range e.dls {
+		arena, v = stash(arena, appendDead(arena, &e.dls[i]))
+		if err := putRow(db, v); err != nil {
+			return fmt.Errorf("put dead-letter row: %w", err)
+		}
+	}
+	e.c.DeadRows += uint64(len(e.dls))
+	n, err = evict(db, &e.c.DeadRows, uint64(e.cfg.MaxDeadLetterRows))
+	if err != nil {
+		return fmt.Errorf("evict dead-letter rows: %w", err)
+	}
+	e.c.DeadEvicted += n
+	return nil
+}
+
+// stash returns the grown arena and the bytes appended to it since old,
+// capped so later appends cannot touch them.
+func stash(old, grown []byte) (arena, v []byte) {
+	return grown, grown[len(old):len(grown):len(grown)]
+}
+
+func putRow(b *bolt.Bucket, v []byte) error {
+	seq, err := b.NextSequence()
+	if err != nil {
+		return err
+	}
+	var k [8]byte
+	binary.BigEndian.PutUint64(k[:], seq)
+	return b.Put(k[:], v)
+}
+
+func evict(b *bolt.Bucket, rows *uint64, limit uint64) (uint64, error) {
+	var n uint64
+	c := b.Cursor()
+	for *rows > limit {
+		k, _ := c.First()
+		if k == nil {
+			*rows = 0
+			break
+		}
+		if err := c.Delete(); err != nil {
+			return n, err
+		}
+		*rows--
+		n++
+	}
+	return n, nil
+}
