@@ -1,0 +1,339 @@
+// Package agent wires the stages of edgeagent together from a validated
+// config — Bronze, ingest, the window stage, the uplink — and owns their
+// lifecycle: start order, the shutdown drain and the periodic Bronze trim.
+package agent
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/edgeagent/edgeagent/buffer"
+	"github.com/edgeagent/edgeagent/buffer/outbox"
+	"github.com/edgeagent/edgeagent/cmd/edgeagent/status"
+	"github.com/edgeagent/edgeagent/config"
+	"github.com/edgeagent/edgeagent/ingest"
+	"github.com/edgeagent/edgeagent/uplink"
+	"github.com/edgeagent/edgeagent/window"
+)
+
+// File names inside data_dir.
+const (
+	BronzeFile = "bronze.db"
+	StateFile  = "state.db"
+)
+
+// HintError is an error with a next step for the person at the keyboard.
+type HintError struct {
+	Err  error
+	Hint string
+}
+
+func (e *HintError) Error() string { return e.Err.Error() }
+func (e *HintError) Unwrap() error { return e.Err }
+
+// Options are the command-line side of the agent.
+type Options struct {
+	Logger     *slog.Logger
+	ConfigPath string
+	Version    string
+	// Clock defaults to time.Now.
+	Clock func() time.Time
+}
+
+// Agent is a running gateway agent.
+type Agent struct {
+	cfg  *config.Config
+	opts Options
+	log  *slog.Logger
+
+	Bronze *buffer.Bronze
+	State  *bolt.DB
+	Ingest *ingest.Ingester
+	Stage  *window.Stage
+	Uplink *uplink.Uplink // nil when no uplink is configured
+	Status *status.Server // nil when status.listen is ""
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Open opens the data files and builds every stage. It starts nothing.
+func Open(cfg *config.Config, opts Options) (*Agent, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
+	a := &Agent{cfg: cfg, opts: opts, log: opts.Logger}
+	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
+		return nil, fmt.Errorf("create data_dir %s: %w", cfg.DataDir, err)
+	}
+	var err error
+	a.Bronze, err = buffer.Open(filepath.Join(cfg.DataDir, BronzeFile), buffer.Options{
+		Retention: time.Duration(cfg.Storage.BronzeRetention),
+		MaxBytes:  int64(cfg.Storage.BronzeMaxBytes),
+		Clock:     opts.Clock,
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.State, err = OpenState(cfg.DataDir, false)
+	if err != nil {
+		a.Close()
+		return nil, err
+	}
+	wcfg, err := WindowConfig(cfg, opts.ConfigPath, opts.Logger, opts.Clock)
+	if err != nil {
+		a.Close()
+		return nil, err
+	}
+	a.Stage, err = window.New(a.State, a.Bronze, wcfg)
+	if err != nil {
+		a.Close()
+		if errors.Is(err, window.ErrIncompatibleState) {
+			return nil, &HintError{Err: err, Hint: fmt.Sprintf("the saved window state does not match the config; to rebuild it from Bronze run: edgeagent reset-state -c %s", opts.ConfigPath)}
+		}
+		return nil, fmt.Errorf("open window stage: %w", err)
+	}
+	icfg, err := ingestConfig(cfg, opts.Logger, opts.Clock)
+	if err != nil {
+		a.Close()
+		return nil, err
+	}
+	a.Ingest, err = ingest.New(a.Bronze, icfg)
+	if err != nil {
+		a.Close()
+		return nil, err
+	}
+	if ucfg, ok, err := uplinkConfig(cfg, opts.Logger, opts.Clock); err != nil {
+		a.Close()
+		return nil, err
+	} else if ok {
+		a.Uplink, err = uplink.New(a.State, ucfg)
+		if err != nil {
+			a.Close()
+			return nil, fmt.Errorf("open uplink: %w", err)
+		}
+	} else {
+		opts.Logger.Warn("no uplink configured (uplink.nats.url and uplink.mqtt.broker are empty): aggregates stay in the outbox until one is")
+	}
+	if cfg.Status.Listen != "" {
+		tables, err := NewTables(cfg, a.Bronze, a.State)
+		if err != nil {
+			a.Close()
+			return nil, err
+		}
+		redacted, err := cfg.Redacted().YAML()
+		if err != nil {
+			a.Close()
+			return nil, fmt.Errorf("render effective config: %w", err)
+		}
+		src := &statusSource{a: a, tables: tables, started: opts.Clock(), config: redacted}
+		a.Status, err = status.New(status.Config{Listen: cfg.Status.Listen, Token: cfg.Status.Token,
+			TriggerInterval: time.Duration(cfg.Processing.TriggerInterval), Logger: opts.Logger.With("component", "status"), Clock: opts.Clock}, src)
+		if err != nil {
+			a.Close()
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+// OpenState opens the state database (window state, outbox, uplink batches).
+func OpenState(dataDir string, readOnly bool) (*bolt.DB, error) {
+	path := filepath.Join(dataDir, StateFile)
+	if readOnly {
+		if _, err := os.Stat(path); err != nil {
+			return nil, fmt.Errorf("open state %s: %w", path, err)
+		}
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, ReadOnly: readOnly, FreelistType: bolt.FreelistMapType, NoFreelistSync: true})
+	if err != nil {
+		if errors.Is(err, bolt.ErrTimeout) {
+			return nil, fmt.Errorf("open state %s: locked by another process (is the agent running?): %w", path, err)
+		}
+		return nil, fmt.Errorf("open state %s: %w", path, err)
+	}
+	return db, nil
+}
+
+// Run starts every stage and blocks until ctx ends, then shuts down in
+// order: ingest stops taking messages and commits what it holds, the window
+// stage finishes its batch, the uplink stops, the files are closed by Close.
+func (a *Agent) Run(ctx context.Context) error {
+	a.log.Info("edgeagent starting", "version", a.opts.Version, "gateway", a.cfg.GatewayID, "data_dir", a.cfg.DataDir)
+	if a.Status != nil {
+		if err := a.Status.Start(ctx); err != nil {
+			return err
+		}
+	}
+	if err := a.Ingest.Start(ctx); err != nil {
+		return fmt.Errorf("start ingest: %w", err)
+	}
+	stageCtx, stopStage := context.WithCancel(context.Background())
+	upCtx, stopUplink := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := a.Stage.Run(stageCtx); err != nil {
+			errs <- fmt.Errorf("window stage: %w", err)
+		}
+	}()
+	if a.Uplink != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := a.Uplink.Run(upCtx); err != nil {
+				errs <- fmt.Errorf("uplink: %w", err)
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		a.trimLoop(stageCtx)
+	}()
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		a.log.Info("shutting down: finishing the batch in hand")
+	case runErr = <-errs:
+		a.log.Error("stage failed; shutting down", "err", runErr)
+	}
+	a.Ingest.Close()
+	stopStage()
+	stopUplink()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		a.log.Error("shutdown: stages did not stop within 15s; closing anyway")
+	}
+	a.log.Info("edgeagent stopped")
+	return runErr
+}
+
+// RunOnce processes everything already in Bronze, flushes, tries to deliver
+// the outbox for up to the ack timeout, and returns (`run --once`).
+func (a *Agent) RunOnce(ctx context.Context) error {
+	if err := a.Stage.RunOnce(); err != nil {
+		return fmt.Errorf("window stage: %w", err)
+	}
+	if a.Uplink == nil {
+		return nil
+	}
+	upCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- a.Uplink.Run(upCtx) }()
+	deadline := time.Now().Add(max(time.Duration(a.cfg.Uplink.AckTimeout), 5*time.Second))
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if a.outboxEmpty() {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel()
+	return <-errc
+}
+
+func (a *Agent) outboxEmpty() bool {
+	var rows uint64
+	err := a.State.View(func(tx *bolt.Tx) error {
+		st, err := outbox.ReadStats(tx)
+		rows = st.Rows
+		return err
+	})
+	return err == nil && rows == 0 && a.Uplink.Stats().SealedBatches == 0
+}
+
+// trimLoop applies Bronze retention behind the window checkpoint.
+func (a *Agent) trimLoop(ctx context.Context) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for {
+			n, err := a.Bronze.Trim(10_000)
+			if err != nil {
+				a.log.Error("bronze retention failed", "err", err)
+				break
+			}
+			if n < 10_000 {
+				break
+			}
+		}
+	}
+}
+
+// Close closes the files. Safe to call twice.
+func (a *Agent) Close() error {
+	a.closeOnce.Do(func() {
+		if a.Status != nil {
+			a.Status.Close()
+		}
+		if a.Ingest != nil {
+			a.Ingest.Close()
+		}
+		if a.Uplink != nil {
+			a.Uplink.Close()
+		}
+		var errs []error
+		if a.State != nil {
+			if err := a.State.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("close state: %w", err))
+			}
+		}
+		if a.Bronze != nil {
+			errs = append(errs, a.Bronze.Close())
+		}
+		a.closeErr = errors.Join(errs...)
+	})
+	return a.closeErr
+}
+
+// tlsConfig builds a client TLS config from the file paths, nil when unset.
+func tlsConfig(t config.TLS, what string) (*tls.Config, error) {
+	if t.IsZero() {
+		return nil, nil
+	}
+	c := &tls.Config{InsecureSkipVerify: t.InsecureSkipVerify, MinVersion: tls.VersionTLS12}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("%s.tls.ca_file: %w", what, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%s.tls.ca_file %s: no PEM certificates in it", what, t.CAFile)
+		}
+		c.RootCAs = pool
+	}
+	if t.CertFile != "" || t.KeyFile != "" {
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("%s.tls.cert_file/key_file: %w", what, err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c, nil
+}

@@ -1,0 +1,160 @@
+package agent
+
+import (
+	"time"
+	"unicode/utf8"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/edgeagent/edgeagent/buffer/outbox"
+	"github.com/edgeagent/edgeagent/cmd/edgeagent/status"
+	"github.com/edgeagent/edgeagent/window"
+)
+
+// statusSource adapts the running agent to status.Source.
+type statusSource struct {
+	a       *Agent
+	tables  *Tables
+	started time.Time
+	config  []byte
+}
+
+func (s *statusSource) Config() []byte { return s.config }
+
+func (s *statusSource) Inspect(table string, q status.Query) (any, error) {
+	return s.tables.Inspect(table, q)
+}
+
+func (s *statusSource) Ready() (bool, string) {
+	a := s.a
+	if !a.Ingest.Connected() {
+		return false, "ingest is not connected to the MQTT broker " + a.cfg.MQTT.Broker
+	}
+	st := a.Ingest.Stats()
+	if st.Full.Load() {
+		return false, "Bronze is full of unprocessed records"
+	}
+	if err := st.LastError(); err != "" && st.CommitFailures.Load() > 0 && st.Committed.Load() == 0 {
+		return false, "Bronze is not writable: " + err
+	}
+	if err := st.LastError(); err != "" && st.Full.Load() == false && isCommitError(err) {
+		return false, "the last Bronze commit failed: " + err
+	}
+	return true, ""
+}
+
+// isCommitError reports whether ingest's last error came from a commit
+// (rather than the broker connection, which Connected already covers).
+func isCommitError(msg string) bool {
+	return len(msg) > 0 && !hasPrefix(msg, "broker connection lost")
+}
+
+func hasPrefix(s, p string) bool { return len(s) >= len(p) && s[:len(p)] == p }
+
+func (s *statusSource) Snapshot() status.Snapshot {
+	a := s.a
+	now := a.opts.Clock()
+	snap := status.Snapshot{Gateway: a.cfg.GatewayID, Version: a.opts.Version, Time: now.UTC(), UptimeSeconds: now.Sub(s.started).Seconds()}
+
+	in := a.Ingest.Stats()
+	snap.Ingest = status.Ingest{
+		Broker:             a.cfg.MQTT.Broker,
+		Connected:          a.Ingest.Connected(),
+		ReceivedTotal:      in.Received.Load(),
+		CommittedTotal:     in.Committed.Load(),
+		AckedTotal:         in.Acked.Load(),
+		CommitsTotal:       in.Commits.Load(),
+		CommitFailures:     in.CommitFailures.Load(),
+		CommitSecondsTotal: time.Duration(in.CommitNanos.Load()).Seconds(),
+		LastCommitSeconds:  time.Duration(in.LastCommitNano.Load()).Seconds(),
+		Reconnects:         in.Reconnects.Load(),
+		Rejected:           in.Rejected(),
+		BronzeFull:         in.Full.Load(),
+		LastError:          in.LastError(),
+	}
+	if a.cfg.MQTT.Broker == "embedded" {
+		snap.Ingest.Broker = "embedded on " + a.cfg.MQTT.Embedded.Listen
+	}
+
+	if bs, err := a.Bronze.Stats(); err == nil {
+		snap.Bronze = status.Bronze{Records: bs.Records, Bytes: bs.Bytes, MaxBytes: bs.MaxBytes, BacklogRecords: bs.Backlog,
+			FirstSeq: bs.FirstSeq, LastSeq: bs.LastSeq, Checkpoint: bs.Checkpoint,
+			Retention: time.Duration(a.cfg.Storage.BronzeRetention).Seconds()}
+		if bs.OldestAt > 0 {
+			snap.Bronze.OldestAge = now.Sub(time.Unix(0, bs.OldestAt)).Seconds()
+		}
+	}
+
+	ws := a.Stage.Stats()
+	snap.Window = status.Window{
+		ProcessedTotal:         ws.Records,
+		ReadingsTotal:          ws.Readings,
+		BatchesTotal:           ws.Batches,
+		LastBatchSeconds:       ws.LastBatchDuration.Seconds(),
+		LastBatchRecords:       ws.LastBatchRecords,
+		TriggerIntervalSeconds: time.Duration(a.cfg.Processing.TriggerInterval).Seconds(),
+		EmittedTotal:           ws.Emitted,
+		RevisionsTotal:         ws.Revisions,
+		OpenWindows:            ws.OpenWindows,
+		PendingRevisions:       ws.PendingRevisions,
+		DedupEntries:           ws.DedupEntries,
+		Devices:                ws.Devices,
+		StateBytes:             ws.StateBytes,
+		LateTotal:              ws.Late,
+		DuplicatesTotal:        ws.Duplicates,
+		DeadLettersByReason:    ws.DeadLetters,
+		LatestEventTime:        ws.LatestEventTime.UTC(),
+		LagSeconds:             ws.Lag.Seconds(),
+		Blocked:                ws.Blocked,
+		BlockedTotal:           ws.BlockedTotal,
+	}
+	for _, n := range ws.DeadLetters {
+		snap.Window.DeadLettersTotal += n
+	}
+
+	snap.Outbox.MaxBytes = int64(a.cfg.Storage.OutboxMaxBytes)
+	_ = a.State.View(func(tx *bolt.Tx) error {
+		st, err := outbox.ReadStats(tx)
+		if err != nil {
+			return err
+		}
+		snap.Outbox.Rows, snap.Outbox.Bytes = st.Rows, st.Bytes
+		if st.Oldest > 0 {
+			snap.Outbox.OldestAge = now.Sub(time.UnixMilli(st.Oldest)).Seconds()
+		}
+		dls, err := window.ReadDeadLetters(tx, window.Filter{}, 10)
+		for _, d := range dls {
+			p := d.Payload
+			if !utf8.Valid(p) {
+				p = nil
+			}
+			snap.DeadLetters = append(snap.DeadLetters, status.DeadLetter{Seq: d.Seq, Topic: d.Topic, Device: d.Device,
+				ReceivedAt: time.Unix(0, d.ReceivedAt).UTC(), Code: d.Code, Reason: d.Reason, Payload: string(p)})
+		}
+		return err
+	})
+
+	snap.Uplink = status.Uplink{Transport: a.cfg.Uplink.Transport(), State: "disabled"}
+	if a.Uplink != nil {
+		us := a.Uplink.Stats()
+		snap.Uplink.State = string(us.Link)
+		snap.Uplink.Since = us.LinkSince.UTC()
+		snap.Uplink.ReconnectsTotal = us.Reconnects
+		snap.Uplink.BatchesSent = us.BatchesSent
+		snap.Uplink.AggregatesSent = us.AggregatesSent
+		snap.Uplink.AlertsSent = us.AlertsSent
+		snap.Uplink.BytesSent = us.BytesSent
+		snap.Uplink.Resends = us.Resends
+		snap.Uplink.Duplicates = us.Duplicates
+		snap.Uplink.AckTimeouts = us.AckTimeouts
+		snap.Uplink.LastAckSeconds = us.LastAckLatency.Seconds()
+		snap.Uplink.SealedBatches = us.SealedBatches
+		snap.Uplink.LastError = us.LastError
+		// Sealed batches still count as queued: they are not delivered yet.
+		snap.Outbox.Bytes += us.SealedBytes
+		if us.OldestUnsent > 0 {
+			snap.Outbox.OldestAge = now.Sub(time.UnixMilli(us.OldestUnsent)).Seconds()
+		}
+	}
+	return snap
+}

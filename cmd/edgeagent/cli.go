@@ -1,0 +1,309 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime"
+	"runtime/debug"
+	"sort"
+	"strings"
+
+	"github.com/edgeagent/edgeagent/cmd/edgeagent/agent"
+	"github.com/edgeagent/edgeagent/config"
+)
+
+// Exit codes.
+const (
+	exitOK     = 0
+	exitFail   = 1 // the command ran and failed
+	exitUsage  = 2 // bad flags or arguments
+	exitConfig = 3 // the config file is invalid
+)
+
+// command is one subcommand.
+type command struct {
+	name    string
+	summary string
+	usage   string // the text after "edgeagent NAME", then examples
+	run     func(ctx context.Context, env *env, args []string) int
+}
+
+// env is what every subcommand gets.
+type env struct {
+	stdout, stderr io.Writer
+}
+
+func (e *env) errorf(format string, a ...any) {
+	fmt.Fprintf(e.stderr, "edgeagent: "+format+"\n", a...)
+}
+
+var commands []*command
+
+func register(c *command) { commands = append(commands, c) }
+
+func lookup(name string) *command {
+	for _, c := range commands {
+		if c.name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// Run runs the command line args and returns the process exit code.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	e := &env{stdout: stdout, stderr: stderr}
+	if len(args) == 0 {
+		printUsage(stderr)
+		return exitUsage
+	}
+	switch args[0] {
+	case "-h", "--help", "help":
+		if len(args) > 1 {
+			if c := lookup(args[1]); c != nil {
+				fmt.Fprint(stdout, c.usage)
+				return exitOK
+			}
+		}
+		printUsage(stdout)
+		return exitOK
+	case "-v", "--version":
+		args = []string{"version"}
+	}
+	name, rest := args[0], args[1:]
+	// Two-word commands: "config check", "inspect bronze".
+	if len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
+		if c := lookup(name + " " + rest[0]); c != nil {
+			name, rest = c.name, rest[1:]
+		}
+	}
+	c := lookup(name)
+	if c == nil {
+		e.errorf("unknown command %q; run 'edgeagent help' for the list", strings.Join(args[:min(2, len(args))], " "))
+		return exitUsage
+	}
+	return c.run(ctx, e, rest)
+}
+
+func printUsage(w io.Writer) {
+	fmt.Fprintf(w, "edgeagent — durable MQTT ingest, event-time windows and uplink for edge gateways\n\nUsage: edgeagent COMMAND [flags]\n\nCommands:\n")
+	cs := append([]*command(nil), commands...)
+	sort.Slice(cs, func(i, j int) bool { return cs[i].name < cs[j].name })
+	for _, c := range cs {
+		fmt.Fprintf(w, "  %-22s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, "\nRun 'edgeagent COMMAND --help' for a command's flags and examples.\n")
+}
+
+// newFlags returns a FlagSet whose --help prints the command's usage.
+func newFlags(c *command, e *env) *flag.FlagSet {
+	fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	fs.Usage = func() {
+		fmt.Fprint(e.stdout, c.usage)
+		fmt.Fprintln(e.stdout, "\nFlags:")
+		fs.SetOutput(e.stdout)
+		fs.PrintDefaults()
+		fs.SetOutput(e.stderr)
+	}
+	return fs
+}
+
+// parseFlags parses args; it returns an exit code and false when the command
+// must stop (help shown, or a usage error).
+func parseFlags(fs *flag.FlagSet, args []string) (int, bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK, false
+		}
+		return exitUsage, false
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(fs.Output(), "edgeagent %s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+		return exitUsage, false
+	}
+	return 0, true
+}
+
+const defaultConfigPath = "/etc/edgeagent/config.yaml"
+
+// loadConfig loads the file and prints every error when it is invalid.
+func loadConfig(e *env, path string) (*config.Config, int) {
+	cfg, err := config.Load(path)
+	if err != nil {
+		var errs *config.Errors
+		if errors.As(err, &errs) {
+			fmt.Fprintf(e.stderr, "edgeagent: %s is invalid (%d problem%s):\n", path, len(errs.List), plural(len(errs.List)))
+			fmt.Fprintln(e.stderr, errs.Error())
+			fmt.Fprintf(e.stderr, "Fix the file and check it again with: edgeagent config check -c %s\n", path)
+			return nil, exitConfig
+		}
+		e.errorf("%v", err)
+		return nil, exitConfig
+	}
+	return cfg, exitOK
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+func newLogger(w io.Writer, format, level string) *slog.Logger {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		lv = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+func init() {
+	register(&command{
+		name:    "run",
+		summary: "run the agent (ingest, windows, uplink, status endpoint)",
+		usage: `Usage: edgeagent run -c FILE [--once] [--log-format text|json]
+
+Runs the agent until SIGTERM or SIGINT, then finishes the batch in hand,
+flushes, closes the store and exits 0.
+
+With --once it processes everything already in Bronze, emits what is due,
+tries to deliver the outbox, and exits (the availableNow mode of batch jobs).
+
+Examples:
+  edgeagent run -c /etc/edgeagent/config.yaml
+  edgeagent run -c ./config.yaml --log-format json
+  edgeagent run -c ./config.yaml --once
+`,
+		run: runAgent,
+	})
+	register(&command{
+		name:    "config check",
+		summary: "validate a config file and print the effective config",
+		usage: `Usage: edgeagent config check -c FILE
+
+Validates the file. When it is valid, prints the effective configuration
+(defaults filled in, secrets masked) and exits 0. Otherwise prints every
+problem with its file, line and key, and exits 3.
+
+Examples:
+  edgeagent config check -c /etc/edgeagent/config.yaml
+  GATEWAY=gw-17 edgeagent config check -c fleet.yaml
+`,
+		run: configCheck,
+	})
+	register(&command{
+		name:    "version",
+		summary: "print the version, commit and platform",
+		usage:   "Usage: edgeagent version\n\nExample:\n  edgeagent version\n",
+		run:     printVersion,
+	})
+}
+
+func runAgent(ctx context.Context, e *env, args []string) int {
+	c := lookup("run")
+	fs := newFlags(c, e)
+	path := fs.String("c", defaultConfigPath, "config file")
+	once := fs.Bool("once", false, "process what is in Bronze, flush, deliver, exit")
+	logFormat := fs.String("log-format", "", "log format: text or json (default: the config's log.format)")
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
+	}
+	cfg, code := loadConfig(e, *path)
+	if cfg == nil {
+		return code
+	}
+	format := cfg.Log.Format
+	if *logFormat != "" {
+		if *logFormat != "text" && *logFormat != "json" {
+			e.errorf("--log-format must be text or json, not %q", *logFormat)
+			return exitUsage
+		}
+		format = *logFormat
+	}
+	log := newLogger(e.stderr, format, cfg.Log.Level)
+	a, err := agent.Open(cfg, agent.Options{Logger: log, ConfigPath: *path, Version: version})
+	if err != nil {
+		log.Error("cannot start", "err", err)
+		var hint *agent.HintError
+		if errors.As(err, &hint) {
+			fmt.Fprintf(e.stderr, "edgeagent: %s\n", hint.Hint)
+		}
+		return exitFail
+	}
+	if *once {
+		err = a.RunOnce(ctx)
+	} else {
+		err = a.Run(ctx)
+	}
+	if cerr := a.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		log.Error("stopped with an error", "err", err)
+		return exitFail
+	}
+	return exitOK
+}
+
+func configCheck(_ context.Context, e *env, args []string) int {
+	c := lookup("config check")
+	fs := newFlags(c, e)
+	path := fs.String("c", defaultConfigPath, "config file")
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
+	}
+	cfg, code := loadConfig(e, *path)
+	if cfg == nil {
+		return code
+	}
+	out, err := cfg.Redacted().YAML()
+	if err != nil {
+		e.errorf("print effective config: %v", err)
+		return exitFail
+	}
+	fmt.Fprintf(e.stdout, "# %s is valid. Effective configuration (defaults filled in, secrets masked):\n", *path)
+	e.stdout.Write(out)
+	return exitOK
+}
+
+func printVersion(_ context.Context, e *env, args []string) int {
+	fs := newFlags(lookup("version"), e)
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
+	}
+	v, c := version, commit
+	if info, ok := debug.ReadBuildInfo(); ok && c == "unknown" {
+		for _, s := range info.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				c = s.Value[:12]
+			}
+		}
+	}
+	fmt.Fprintf(e.stdout, "edgeagent %s (commit %s, %s, %s/%s)\n", v, c, runtime.Version(), runtime.GOOS, goarch())
+	return exitOK
+}
+
+// goarch names ARM variants the way the release artifacts do (armv6, armv7).
+func goarch() string {
+	if runtime.GOARCH != "arm" {
+		return runtime.GOARCH
+	}
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range info.Settings {
+			if s.Key == "GOARM" {
+				return "armv" + strings.TrimSuffix(s.Value, ",softfloat")
+			}
+		}
+	}
+	return "arm"
+}

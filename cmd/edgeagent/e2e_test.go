@@ -1,0 +1,270 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/edgeagent/edgeagent/buffer"
+	"github.com/edgeagent/edgeagent/testrig/mqtttest"
+)
+
+// agentBin is the real edgeagent binary, built once by TestMain.
+var agentBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "edgeagent-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	agentBin = filepath.Join(dir, "edgeagent")
+	build := exec.Command("go", "build", "-o", agentBin, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build edgeagent:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// agentProc is the agent running as a child process.
+type agentProc struct {
+	cmd  *exec.Cmd
+	logs *syncBuffer
+	done chan struct{}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func startAgent(t *testing.T, args ...string) *agentProc {
+	t.Helper()
+	p := &agentProc{cmd: exec.Command(agentBin, args...), logs: &syncBuffer{}, done: make(chan struct{})}
+	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start agent: %v", err)
+	}
+	go func() { p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() { p.kill() })
+	return p
+}
+
+func (p *agentProc) kill() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// waitLog waits until the agent's log contains s.
+func (p *agentProc) waitLog(t *testing.T, s string) {
+	t.Helper()
+	mqtttest.WaitFor(t, 30*time.Second, "agent log line "+strconv.Quote(s), func() bool {
+		select {
+		case <-p.done:
+			t.Fatalf("agent exited while waiting for %q; logs:\n%s", s, p.logs)
+		default:
+		}
+		return strings.Contains(p.logs.String(), s)
+	})
+}
+
+// stop sends SIGTERM and waits for a clean exit.
+func (p *agentProc) stop(t *testing.T) {
+	t.Helper()
+	p.waitLog(t, "edgeagent starting") // the signal handler is installed by then
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("agent did not exit within 30s of SIGTERM; logs:\n%s", p.logs)
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("agent exited %d after SIGTERM, want 0; logs:\n%s", code, p.logs)
+	}
+}
+
+func writeConfig(t *testing.T, dir, body string) string {
+	t.Helper()
+	path := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// The crash test of the ingest issue: a publisher sends N QoS1 readings with
+// unique ids while the agent is killed with SIGKILL at random moments and
+// restarted; at the end every reading is in Bronze.
+func TestCrashLosesNoAcknowledgedMessage(t *testing.T) {
+	mosq := mqtttest.StartMosquitto(t, "")
+	dir := t.TempDir()
+	cfgPath := writeConfig(t, dir, fmt.Sprintf(`
+gateway_id: crash-gw
+data_dir: %s/data
+mqtt:
+  broker: %s
+  subscriptions:
+    - topic: "sensors/{device}/telemetry"
+status:
+  listen: ""
+`, dir, mosq.URL()))
+
+	// The first start creates the persistent session; from then on the
+	// broker queues for the agent whenever it is down.
+	first := startAgent(t, "run", "-c", cfgPath)
+	first.waitLog(t, "connected to broker")
+
+	const n = 4000
+	pub := mqtttest.NewPublisher(t, mosq.URL(), "crash-publisher")
+	pubDone := make(chan struct{})
+	go func() {
+		defer close(pubDone)
+		for i := 0; i < n; i++ {
+			tok := pub.Client.Publish(fmt.Sprintf("sensors/dev-%d/telemetry", i%10), 1, false,
+				fmt.Appendf(nil, `{"id":"r-%d","ts":%d,"temperature":%d}`, i, 1700000000000+int64(i)*100, i%50))
+			if i%20 == 19 {
+				tok.Wait()
+				time.Sleep(10 * time.Millisecond) // pace the publisher so the kills land while it publishes
+			}
+		}
+	}()
+
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 2))
+	killsWhilePublishing := 0
+	for kill := 0; kill < 6; kill++ {
+		p := first
+		if kill > 0 {
+			p = startAgent(t, "run", "-c", cfgPath)
+		}
+		time.Sleep(time.Duration(150+rng.IntN(500)) * time.Millisecond) // a random moment to crash at, not a wait for a condition
+		p.kill()
+		select {
+		case <-pubDone:
+		default:
+			killsWhilePublishing++
+		}
+	}
+	if killsWhilePublishing < 5 {
+		t.Errorf("only %d of the kills landed while the publisher was sending; the test proves too little", killsWhilePublishing)
+	}
+	<-pubDone
+	p := startAgent(t, "run", "-c", cfgPath)
+	bronzePath := filepath.Join(dir, "data", "bronze.db")
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		// The agent holds the file lock; stop it, count, and start it again
+		// until everything the broker queued has arrived.
+		p.stop(t)
+		missing := missingIDs(t, bronzePath, n)
+		if len(missing) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d readings missing from bronze after the crashes, e.g. %v; last agent logs:\n%s", len(missing), missing[:min(5, len(missing))], p.logs)
+		}
+		p = startAgent(t, "run", "-c", cfgPath)
+		time.Sleep(300 * time.Millisecond) // let the restarted agent drain before the next count
+	}
+}
+
+func missingIDs(t *testing.T, path string, n int) []string {
+	t.Helper()
+	b, err := buffer.Open(path, buffer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	seen := make(map[string]bool, n)
+	if err := b.Scan(1, func(r buffer.Record) bool {
+		if r.Kind == buffer.KindMessage {
+			if i := bytes.Index(r.Payload, []byte(`"id":"`)); i >= 0 {
+				rest := r.Payload[i+6:]
+				seen[string(rest[:bytes.IndexByte(rest, '"')])] = true
+			}
+		}
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var missing []string
+	for i := 0; i < n; i++ {
+		if id := fmt.Sprintf("r-%d", i); !seen[id] {
+			missing = append(missing, id)
+		}
+	}
+	return missing
+}
+
+func TestVersionAndConfigCheck(t *testing.T) {
+	out, err := exec.Command(agentBin, "version").CombinedOutput()
+	if err != nil || !strings.HasPrefix(string(out), "edgeagent ") {
+		t.Fatalf("version: %v %s", err, out)
+	}
+	dir := t.TempDir()
+	good := writeConfig(t, dir, "gateway_id: gw-01\nmqtt:\n  username: agent\n  password: ${EA_TEST_SECRET}\n  subscriptions:\n    - topic: sensors/{device}/telemetry\n")
+	cmd := exec.Command(agentBin, "config", "check", "-c", good)
+	cmd.Env = append(os.Environ(), "EA_TEST_SECRET=hunter2")
+	out, err = cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("config check of a good file: %v\n%s", err, out)
+	}
+	for _, want := range []string{"gateway_id: gw-01", "bronze_retention: 168h", "client_id: edgeagent-gw-01"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("effective config lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(string(out), "hunter2") {
+		t.Errorf("config check printed a secret:\n%s", out)
+	}
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("gateway_id: gw-01\nstorage:\n  bronze_retension: 1h\nmqtt:\n  subscriptions:\n    - topic: sensors/{device}/telemetry\n      qos: 7\n"), 0o600)
+	out, err = exec.Command(agentBin, "config", "check", "-c", bad).CombinedOutput()
+	if code := exitCode(err); code != exitConfig {
+		t.Fatalf("config check of a bad file exited %d, want %d\n%s", code, exitConfig, out)
+	}
+	for _, want := range []string{"bad.yaml:3", "storage.bronze_retension", "bronze_retention", "bad.yaml:7", "qos"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("errors lack %q:\n%s", want, out)
+		}
+	}
+}
+
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode()
+	}
+	return -1
+}

@@ -1,0 +1,130 @@
+// Package status serves the agent's local status endpoint — Prometheus
+// metrics, health and readiness, a JSON snapshot, an offline HTML page for
+// technicians and read-only views of its tables — and fetches it for the
+// `edgeagent status` and `inspect` commands.
+package status
+
+import "time"
+
+// Snapshot is the agent's state at one instant: the body of /status.json,
+// and what /metrics and the HTML page are rendered from.
+type Snapshot struct {
+	Gateway       string    `json:"gateway"`
+	Version       string    `json:"version"`
+	Time          time.Time `json:"time"`
+	UptimeSeconds float64   `json:"uptime_seconds"`
+
+	Ingest Ingest `json:"ingest"`
+	Bronze Bronze `json:"bronze"`
+	Window Window `json:"window"`
+	Outbox Outbox `json:"outbox"`
+	Uplink Uplink `json:"uplink"`
+
+	// Rates over the last RateWindow, computed by the server from samples.
+	Rates Rates `json:"rates"`
+	// Warnings are the conditions an operator should look at, worst first.
+	Warnings []string `json:"warnings"`
+	// DeadLetters are the most recent dead letters (newest first).
+	DeadLetters []DeadLetter `json:"dead_letters,omitempty"`
+}
+
+// Ingest is the MQTT side.
+type Ingest struct {
+	Broker             string            `json:"broker"`
+	Connected          bool              `json:"connected"`
+	ReceivedTotal      uint64            `json:"received_total"`
+	CommittedTotal     uint64            `json:"committed_total"`
+	AckedTotal         uint64            `json:"acked_total"`
+	CommitsTotal       uint64            `json:"commits_total"`
+	CommitFailures     uint64            `json:"commit_failures_total"`
+	CommitSecondsTotal float64           `json:"commit_seconds_total"`
+	LastCommitSeconds  float64           `json:"last_commit_seconds"`
+	Reconnects         uint64            `json:"reconnects_total"`
+	Rejected           map[string]uint64 `json:"rejected_total"`
+	BronzeFull         bool              `json:"bronze_full"`
+	LastError          string            `json:"last_error,omitempty"`
+}
+
+// Bronze is the raw log.
+type Bronze struct {
+	Records        int64   `json:"records"`
+	Bytes          int64   `json:"bytes"`
+	MaxBytes       int64   `json:"max_bytes"`
+	BacklogRecords uint64  `json:"backlog_records"`
+	FirstSeq       uint64  `json:"first_seq"`
+	LastSeq        uint64  `json:"last_seq"`
+	Checkpoint     uint64  `json:"checkpoint"`
+	OldestAge      float64 `json:"oldest_age_seconds"`
+	Retention      float64 `json:"retention_seconds"`
+}
+
+// Window is the window stage.
+type Window struct {
+	ProcessedTotal         uint64            `json:"processed_total"`
+	ReadingsTotal          uint64            `json:"readings_total"`
+	BatchesTotal           uint64            `json:"batches_total"`
+	LastBatchSeconds       float64           `json:"last_batch_seconds"`
+	LastBatchRecords       int               `json:"last_batch_records"`
+	TriggerIntervalSeconds float64           `json:"trigger_interval_seconds"`
+	EmittedTotal           uint64            `json:"emitted_total"`
+	RevisionsTotal         uint64            `json:"revisions_total"`
+	OpenWindows            int               `json:"open_windows"`
+	PendingRevisions       int               `json:"pending_revisions"`
+	DedupEntries           int               `json:"dedup_entries"`
+	Devices                int               `json:"devices"`
+	StateBytes             int64             `json:"state_bytes"`
+	LateTotal              uint64            `json:"late_total"`
+	DuplicatesTotal        uint64            `json:"duplicates_total"`
+	DeadLettersTotal       uint64            `json:"dead_letters_total"`
+	DeadLettersByReason    map[string]uint64 `json:"dead_letters_by_reason"`
+	LatestEventTime        time.Time         `json:"latest_event_time"`
+	LagSeconds             float64           `json:"lag_seconds"`
+	Blocked                bool              `json:"blocked"`
+	BlockedTotal           uint64            `json:"blocked_total"`
+}
+
+// Outbox is the queue to the uplink (sealed batches included).
+type Outbox struct {
+	Rows      uint64  `json:"rows"`
+	Bytes     uint64  `json:"bytes"`
+	MaxBytes  int64   `json:"max_bytes"`
+	OldestAge float64 `json:"oldest_age_seconds"`
+}
+
+// Uplink is the link to the cloud.
+type Uplink struct {
+	Transport       string    `json:"transport"` // nats, mqtt or "" when disabled
+	State           string    `json:"state"`     // up, down, connecting, disabled
+	Since           time.Time `json:"since"`
+	ReconnectsTotal uint64    `json:"reconnects_total"`
+	BatchesSent     uint64    `json:"batches_sent_total"`
+	AggregatesSent  uint64    `json:"aggregates_sent_total"`
+	AlertsSent      uint64    `json:"alerts_sent_total"`
+	BytesSent       uint64    `json:"bytes_sent_total"`
+	Resends         uint64    `json:"resends_total"`
+	Duplicates      uint64    `json:"duplicates_total"`
+	AckTimeouts     uint64    `json:"ack_timeouts_total"`
+	LastAckSeconds  float64   `json:"last_ack_seconds"`
+	SealedBatches   uint64    `json:"sealed_batches"`
+	LastError       string    `json:"last_error,omitempty"`
+}
+
+// Rates are per-second figures over the last RateWindow.
+type Rates struct {
+	InputPerSecond     float64 `json:"input_msgs_per_second"`
+	ProcessedPerSecond float64 `json:"processed_records_per_second"`
+	// BacklogGrowth is the change in Bronze backlog records per second.
+	BacklogGrowth float64 `json:"backlog_growth_per_second"`
+	SentPerSecond float64 `json:"uplink_bytes_per_second"`
+}
+
+// DeadLetter is one dead-letter row as shown to operators.
+type DeadLetter struct {
+	Seq        uint64    `json:"seq"`
+	Topic      string    `json:"topic"`
+	Device     string    `json:"device,omitempty"`
+	ReceivedAt time.Time `json:"received_at"`
+	Code       string    `json:"code"`
+	Reason     string    `json:"reason"`
+	Payload    string    `json:"payload,omitempty"`
+}
