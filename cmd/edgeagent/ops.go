@@ -1,0 +1,416 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/edgeagent/edgeagent/buffer"
+	"github.com/edgeagent/edgeagent/cmd/edgeagent/agent"
+	"github.com/edgeagent/edgeagent/cmd/edgeagent/status"
+	"github.com/edgeagent/edgeagent/config"
+	"github.com/edgeagent/edgeagent/window"
+)
+
+func init() {
+	register(&command{
+		name:    "status",
+		summary: "print the running agent's numbers and warnings",
+		usage: `Usage: edgeagent status [-c FILE] [--addr HOST:PORT] [--json]
+
+Reads the running agent's status endpoint (status.listen in the config, or
+--addr) and prints the numbers that matter as a short table, with warnings
+first: backlog growing, batches slower than the trigger, outbox or Bronze
+near its bound, uplink down for long, broker disconnected.
+
+Examples:
+  edgeagent status
+  edgeagent status -c ./config.yaml
+  edgeagent status --addr 127.0.0.1:9464 --json
+`,
+		run: statusCmd,
+	})
+	for _, table := range []string{"bronze", "late", "deadletter", "outbox"} {
+		register(&command{
+			name:    "inspect " + table,
+			summary: inspectSummary[table],
+			usage: fmt.Sprintf(`Usage: edgeagent inspect %s -c FILE [--device D] [--from T] [--to T]%s [--limit N] [--json]
+
+%s
+Read-only. While the agent runs this goes through its status endpoint;
+when it is stopped, through the files in data_dir. Times are RFC 3339
+(2026-11-29T10:00:00Z), a date (2026-11-29) or Unix seconds.
+
+Examples:
+  edgeagent inspect %s -c /etc/edgeagent/config.yaml --limit 20
+  edgeagent inspect %s -c ./config.yaml --device press-7 --from 2026-11-29 --json
+`, table, inspectExtraFlags[table], inspectSummary[table]+".", table, table),
+			run: func(ctx context.Context, e *env, args []string) int { return inspectCmd(ctx, e, table, args) },
+		})
+	}
+	register(&command{
+		name:    "reset-state",
+		summary: "drop window state and rebuild it from Bronze (after an incompatible window change)",
+		usage: `Usage: edgeagent reset-state -c FILE --yes
+
+Deletes the window state (open windows, dedup entries, watermarks), the late
+and dead-letter tables and the processing offset, and keeps Bronze and the
+unsent outbox. The next 'edgeagent run' reprocesses every retained Bronze
+record with the current config. Revisions continue above every revision
+already sent, so the cloud's keep-highest-revision upsert takes the new
+values. Run it with the agent stopped.
+
+Examples:
+  systemctl stop edgeagent
+  edgeagent reset-state -c /etc/edgeagent/config.yaml --yes
+  systemctl start edgeagent
+`,
+		run: resetStateCmd,
+	})
+	register(&command{
+		name:    "replay",
+		summary: "re-derive aggregates for an event-time range from Bronze, as new revisions",
+		usage: `Usage: edgeagent replay -c FILE --from T --to T
+
+The batch path: recomputes every window whose start lies in [from, to) from
+all retained Bronze records — parsed with the current config, so records
+that were dead-lettered before a config fix now count — and queues them in
+the outbox as new revisions, which the cloud's upsert takes over the old
+ones. Run it with the agent stopped; the next run delivers them.
+
+Examples:
+  edgeagent replay -c /etc/edgeagent/config.yaml --from 2026-11-28T00:00:00Z --to 2026-11-29T00:00:00Z
+  edgeagent replay -c ./config.yaml --from 2026-11-28 --to 2026-11-29
+`,
+		run: replayCmd,
+	})
+}
+
+var inspectSummary = map[string]string{
+	"bronze":     "list raw Bronze records (topic, received-at, payload)",
+	"late":       "list readings refused as too late, with the watermark they missed",
+	"deadletter": "list records that could not become readings, with the reason",
+	"outbox":     "list aggregates and alerts waiting for the uplink",
+}
+
+var inspectExtraFlags = map[string]string{
+	"bronze": " [--seq N]", "late": "", "deadletter": " [--reason CODE]", "outbox": " [--seq N]",
+}
+
+// statusTarget finds the status address and token: --addr wins, then the
+// config file.
+func statusTarget(e *env, path, addr string, explicitConfig bool) (string, string, int) {
+	if addr != "" {
+		return addr, os.Getenv("EDGEAGENT_STATUS_TOKEN"), exitOK
+	}
+	if _, err := os.Stat(path); err != nil && !explicitConfig {
+		return "127.0.0.1:9464", "", exitOK
+	}
+	cfg, code := loadConfig(e, path)
+	if cfg == nil {
+		return "", "", code
+	}
+	if cfg.Status.Listen == "" {
+		e.errorf("status.listen is empty in %s: the status endpoint is disabled; set it (e.g. 127.0.0.1:9464) and restart the agent", path)
+		return "", "", exitFail
+	}
+	return cfg.Status.Listen, cfg.Status.Token, exitOK
+}
+
+func statusCmd(ctx context.Context, e *env, args []string) int {
+	c := lookup("status")
+	fs := newFlags(c, e)
+	path := fs.String("c", defaultConfigPath, "config file (for status.listen and status.token)")
+	addr := fs.String("addr", "", "status endpoint address, instead of the config's status.listen")
+	asJSON := fs.Bool("json", false, "print the raw /status.json")
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
+	}
+	listen, token, code := statusTarget(e, *path, *addr, flagSet(fs, "c"))
+	if listen == "" {
+		return code
+	}
+	snap, err := status.NewClient(listen, token).Snapshot(ctx)
+	if err != nil {
+		if errors.Is(err, status.ErrNotRunning) {
+			e.errorf("the agent is not running (nothing listens on %s). Start it with: systemctl start edgeagent (or edgeagent run -c FILE)", listen)
+		} else {
+			e.errorf("%v", err)
+		}
+		return exitFail
+	}
+	if *asJSON {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(snap)
+		return exitOK
+	}
+	printStatus(e.stdout, &snap, isTerminal(e.stdout))
+	return exitOK
+}
+
+func flagSet(fs *flag.FlagSet, name string) bool {
+	found := false
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == name {
+			found = true
+		}
+	})
+	return found
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// printStatus prints the snapshot as a short table, warnings first.
+func printStatus(w io.Writer, s *status.Snapshot, color bool) {
+	warn := func(msg string) string {
+		if color {
+			return "\x1b[1;31mWARNING\x1b[0m " + msg
+		}
+		return "WARNING " + msg
+	}
+	fmt.Fprintf(w, "edgeagent %s on %s, up %s\n", s.Version, s.Gateway, (time.Duration(s.UptimeSeconds) * time.Second).String())
+	for _, m := range s.Warnings {
+		fmt.Fprintln(w, warn(m))
+	}
+	if len(s.Warnings) == 0 {
+		fmt.Fprintln(w, "no warnings")
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	d := func(sec float64) string {
+		return time.Duration(sec * float64(time.Second)).Round(time.Millisecond).String()
+	}
+	broker := "disconnected"
+	if s.Ingest.Connected {
+		broker = "connected"
+	}
+	rows := [][2]string{
+		{"input / processed", fmt.Sprintf("%.1f msgs/s / %.1f records/s", s.Rates.InputPerSecond, s.Rates.ProcessedPerSecond)},
+		{"Bronze backlog", fmt.Sprintf("%d records (%+.1f/s)", s.Bronze.BacklogRecords, s.Rates.BacklogGrowth)},
+		{"batch / trigger", fmt.Sprintf("%s / %s", d(s.Window.LastBatchSeconds), d(s.Window.TriggerIntervalSeconds))},
+		{"state", fmt.Sprintf("%d windows, %d dedup entries, %d devices, %s", s.Window.OpenWindows, s.Window.DedupEntries, s.Window.Devices, status.Bytes(s.Window.StateBytes))},
+		{"end-to-end lag", d(s.Window.LagSeconds)},
+		{"outbox", fmt.Sprintf("%d rows, %s of %s, oldest %s", s.Outbox.Rows, status.Bytes(int64(s.Outbox.Bytes)), status.Bytes(s.Outbox.MaxBytes), d(s.Outbox.OldestAge))},
+		{"uplink", fmt.Sprintf("%s %s, %d reconnects, %s sent", s.Uplink.Transport, s.Uplink.State, s.Uplink.ReconnectsTotal, status.Bytes(int64(s.Uplink.BytesSent)))},
+		{"broker", fmt.Sprintf("%s (%s)", broker, s.Ingest.Broker)},
+		{"Bronze", fmt.Sprintf("%d records, %s of %s", s.Bronze.Records, status.Bytes(s.Bronze.Bytes), status.Bytes(s.Bronze.MaxBytes))},
+		{"late / duplicates / dead letters", fmt.Sprintf("%d / %d / %d", s.Window.LateTotal, s.Window.DuplicatesTotal, s.Window.DeadLettersTotal)},
+	}
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\n", r[0], r[1])
+	}
+	tw.Flush()
+}
+
+func inspectCmd(ctx context.Context, e *env, table string, args []string) int {
+	c := lookup("inspect " + table)
+	fs := newFlags(c, e)
+	path := fs.String("c", defaultConfigPath, "config file")
+	device := fs.String("device", "", "only this device")
+	from := fs.String("from", "", "from this time (inclusive)")
+	to := fs.String("to", "", "to this time (exclusive)")
+	reason := fs.String("reason", "", "dead letters with this reason code only")
+	seq := fs.Uint64("seq", 0, "start at this sequence (bronze, outbox)")
+	limit := fs.Int("limit", 100, "at most this many rows")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
+	}
+	vals := url.Values{}
+	for k, v := range map[string]string{"device": *device, "from": *from, "to": *to, "reason": *reason} {
+		if v != "" {
+			vals.Set(k, v)
+		}
+	}
+	if *seq > 0 {
+		vals.Set("seq", strconv.FormatUint(*seq, 10))
+	}
+	vals.Set("limit", strconv.Itoa(*limit))
+	q, err := status.ParseQuery(vals.Get)
+	if err != nil {
+		e.errorf("inspect %s: %v", table, err)
+		return exitUsage
+	}
+	cfg, code := loadConfig(e, *path)
+	if cfg == nil {
+		return code
+	}
+	var rows any
+	viaEndpoint := false
+	if cfg.Status.Listen != "" {
+		var raw json.RawMessage
+		err := status.NewClient(cfg.Status.Listen, cfg.Status.Token).Inspect(ctx, table, vals, &raw)
+		switch {
+		case err == nil:
+			rows, viaEndpoint = raw, true
+		case !errors.Is(err, status.ErrNotRunning):
+			e.errorf("inspect %s through the running agent: %v", table, err)
+			return exitFail
+		}
+	}
+	if !viaEndpoint {
+		rows, err = inspectFiles(cfg, table, q)
+		if err != nil {
+			e.errorf("inspect %s: %v", table, err)
+			return exitFail
+		}
+	}
+	if *asJSON {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rows); err != nil {
+			e.errorf("%v", err)
+			return exitFail
+		}
+		return exitOK
+	}
+	return printRows(e, rows)
+}
+
+// inspectFiles reads the tables from the files of a stopped agent.
+func inspectFiles(cfg *config.Config, table string, q status.Query) (any, error) {
+	bronzePath := filepath.Join(cfg.DataDir, agent.BronzeFile)
+	b, err := buffer.Open(bronzePath, buffer.Options{ReadOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	defer b.Close()
+	db, err := agent.OpenState(cfg.DataDir, true)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	t, err := agent.NewTables(cfg, b, db)
+	if err != nil {
+		return nil, err
+	}
+	return t.Inspect(table, q)
+}
+
+// printRows prints any JSON-able rows as one compact JSON object a line,
+// which stays readable and greppable for every table.
+func printRows(e *env, rows any) int {
+	raw, err := json.Marshal(rows)
+	if err != nil {
+		e.errorf("%v", err)
+		return exitFail
+	}
+	var list []json.RawMessage
+	if err := json.Unmarshal(raw, &list); err != nil {
+		e.errorf("%v", err)
+		return exitFail
+	}
+	for _, r := range list {
+		fmt.Fprintln(e.stdout, string(r))
+	}
+	fmt.Fprintf(e.stderr, "%d row%s\n", len(list), plural(len(list)))
+	return exitOK
+}
+
+func resetStateCmd(_ context.Context, e *env, args []string) int {
+	c := lookup("reset-state")
+	fs := newFlags(c, e)
+	path := fs.String("c", defaultConfigPath, "config file")
+	yes := fs.Bool("yes", false, "confirm: delete the window state")
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
+	}
+	cfg, code := loadConfig(e, *path)
+	if cfg == nil {
+		return code
+	}
+	if !*yes {
+		e.errorf("reset-state deletes the window state in %s (Bronze and the outbox are kept); add --yes to confirm", filepath.Join(cfg.DataDir, agent.StateFile))
+		return exitUsage
+	}
+	db, err := agent.OpenState(cfg.DataDir, false)
+	if err != nil {
+		e.errorf("%v. Stop the agent first (systemctl stop edgeagent), then run reset-state again.", err)
+		return exitFail
+	}
+	defer db.Close()
+	if err := window.ResetState(db); err != nil {
+		e.errorf("reset state: %v", err)
+		return exitFail
+	}
+	fmt.Fprintf(e.stdout, "Window state reset in %s. Bronze and the outbox are kept.\nStart the agent (systemctl start edgeagent, or edgeagent run -c %s): it reprocesses all retained Bronze records with the current config.\n", cfg.DataDir, *path)
+	return exitOK
+}
+
+func replayCmd(_ context.Context, e *env, args []string) int {
+	c := lookup("replay")
+	fs := newFlags(c, e)
+	path := fs.String("c", defaultConfigPath, "config file")
+	fromS := fs.String("from", "", "event-time range start (inclusive), required")
+	toS := fs.String("to", "", "event-time range end (exclusive), required")
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
+	}
+	if *fromS == "" || *toS == "" {
+		e.errorf("replay needs --from and --to, e.g. --from 2026-11-28 --to 2026-11-29")
+		return exitUsage
+	}
+	from, err := status.ParseTime(*fromS)
+	if err != nil {
+		e.errorf("--from: %v", err)
+		return exitUsage
+	}
+	to, err := status.ParseTime(*toS)
+	if err != nil {
+		e.errorf("--to: %v", err)
+		return exitUsage
+	}
+	if !from.Before(to) {
+		e.errorf("--from %s is not before --to %s", from.Format(time.RFC3339), to.Format(time.RFC3339))
+		return exitUsage
+	}
+	cfg, code := loadConfig(e, *path)
+	if cfg == nil {
+		return code
+	}
+	db, err := agent.OpenState(cfg.DataDir, false)
+	if err != nil {
+		e.errorf("%v. Stop the agent first (systemctl stop edgeagent), then run replay again.", err)
+		return exitFail
+	}
+	defer db.Close()
+	b, err := buffer.Open(filepath.Join(cfg.DataDir, agent.BronzeFile), buffer.Options{ReadOnly: true})
+	if err != nil {
+		e.errorf("%v", err)
+		return exitFail
+	}
+	defer b.Close()
+	wcfg, err := agent.WindowConfig(cfg, *path, newLogger(e.stderr, cfg.Log.Format, cfg.Log.Level), time.Now)
+	if err != nil {
+		e.errorf("%v", err)
+		return exitFail
+	}
+	n, err := window.Replay(db, b, wcfg, from, to)
+	if err != nil {
+		e.errorf("replay: %v", err)
+		return exitFail
+	}
+	oldest := "nothing"
+	if s, err := b.Stats(); err == nil && s.OldestAt > 0 {
+		oldest = time.Unix(0, s.OldestAt).UTC().Format(time.RFC3339)
+	}
+	fmt.Fprintf(e.stdout, "Replayed %d window%s with start in [%s, %s) from Bronze (retained since %s) into the outbox as new revisions.\nStart the agent to deliver them.\n",
+		n, plural(n), from.Format(time.RFC3339), to.Format(time.RFC3339), oldest)
+	return exitOK
+}
