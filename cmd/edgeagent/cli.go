@@ -11,9 +11,11 @@ import (
 	"runtime/debug"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/edgeagent/edgeagent/cmd/edgeagent/agent"
 	"github.com/edgeagent/edgeagent/config"
+	"github.com/edgeagent/edgeagent/internal/lograte"
 )
 
 // Exit codes.
@@ -161,10 +163,13 @@ func newLogger(w io.Writer, format, level string) *slog.Logger {
 		lv = slog.LevelInfo
 	}
 	opts := &slog.HandlerOptions{Level: lv}
+	var h slog.Handler = slog.NewTextHandler(w, opts)
 	if format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
+		h = slog.NewJSONHandler(w, opts)
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	// A warning or error repeated during an outage logs once a minute with
+	// a count, not once per retry.
+	return slog.New(lograte.New(h, time.Minute, nil))
 }
 
 func init() {

@@ -1,0 +1,86 @@
+// Package lograte wraps a slog.Handler so that a warning or error repeated
+// with the same message logs once per interval, with the number of repeats
+// it stood for, instead of flooding a gateway's journal during an outage.
+package lograte
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Handler passes records below Warn through unchanged and throttles the
+// rest per message.
+type Handler struct {
+	next     slog.Handler
+	interval time.Duration
+	now      func() time.Time
+	state    *state
+}
+
+type state struct {
+	mu   sync.Mutex
+	seen map[string]*entry
+}
+
+type entry struct {
+	last       time.Time
+	suppressed int
+}
+
+// maxKeys bounds the table: messages are constant strings in this program,
+// but a bound costs nothing.
+const maxKeys = 1024
+
+// New wraps next. now defaults to time.Now.
+func New(next slog.Handler, interval time.Duration, now func() time.Time) *Handler {
+	if now == nil {
+		now = time.Now
+	}
+	return &Handler{next: next, interval: interval, now: now, state: &state{seen: map[string]*entry{}}}
+}
+
+// Enabled reports whether the wrapped handler handles level.
+func (h *Handler) Enabled(ctx context.Context, l slog.Level) bool { return h.next.Enabled(ctx, l) }
+
+// Handle logs r unless the same warning or error was logged less than the
+// interval ago; the next one logged carries "repeated" = the count skipped.
+func (h *Handler) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level < slog.LevelWarn || h.interval <= 0 {
+		return h.next.Handle(ctx, r)
+	}
+	now := h.now()
+	h.state.mu.Lock()
+	e := h.state.seen[r.Message]
+	if e != nil && now.Sub(e.last) < h.interval {
+		e.suppressed++
+		h.state.mu.Unlock()
+		return nil
+	}
+	repeated := 0
+	if e == nil {
+		if len(h.state.seen) >= maxKeys {
+			clear(h.state.seen)
+		}
+		e = &entry{}
+		h.state.seen[r.Message] = e
+	}
+	repeated, e.suppressed, e.last = e.suppressed, 0, now
+	h.state.mu.Unlock()
+	if repeated > 0 {
+		r = r.Clone()
+		r.AddAttrs(slog.Int("repeated", repeated))
+	}
+	return h.next.Handle(ctx, r)
+}
+
+// WithAttrs returns a handler sharing this one's throttle table.
+func (h *Handler) WithAttrs(as []slog.Attr) slog.Handler {
+	return &Handler{next: h.next.WithAttrs(as), interval: h.interval, now: h.now, state: h.state}
+}
+
+// WithGroup returns a handler sharing this one's throttle table.
+func (h *Handler) WithGroup(name string) slog.Handler {
+	return &Handler{next: h.next.WithGroup(name), interval: h.interval, now: h.now, state: h.state}
+}

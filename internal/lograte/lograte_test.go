@@ -1,0 +1,38 @@
+package lograte
+
+import (
+	"bytes"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestRepeatedErrorsAreThrottled(t *testing.T) {
+	var buf bytes.Buffer
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	log := slog.New(New(slog.NewTextHandler(&buf, nil), 10*time.Second, func() time.Time { return now }))
+	for i := 0; i < 5; i++ {
+		log.Error("bronze commit failed", "err", "disk full")
+		log.Info("tick")
+		now = now.Add(time.Second)
+	}
+	now = now.Add(10 * time.Second)
+	log.With("component", "ingest").Error("bronze commit failed", "err", "disk full")
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	var errs []string
+	for _, l := range lines {
+		if strings.Contains(l, "bronze commit failed") {
+			errs = append(errs, l)
+		}
+	}
+	if len(errs) != 2 {
+		t.Fatalf("logged %d error lines, want 2 (first, then one after the interval):\n%s", len(errs), buf.String())
+	}
+	if !strings.Contains(errs[1], "repeated=4") || !strings.Contains(errs[1], "component=ingest") {
+		t.Errorf("second line should count the 4 suppressed repeats and keep attributes: %s", errs[1])
+	}
+	if n := strings.Count(buf.String(), "msg=tick"); n != 5 {
+		t.Errorf("info lines must pass through: %d of 5", n)
+	}
+}
