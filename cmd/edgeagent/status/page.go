@@ -17,7 +17,12 @@ var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{
 		return (time.Duration(f * float64(time.Second))).Round(time.Millisecond).String()
 	},
 	"pct":     func(a, b any) string { return percent(toInt64(a), toInt64(b)) },
-	"rfc3339": func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
+	"rfc3339": func(t time.Time) string {
+		if t.IsZero() {
+			return "—"
+		}
+		return t.UTC().Format(time.RFC3339)
+	},
 }).Parse(`<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="refresh" content="5">

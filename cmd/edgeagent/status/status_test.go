@@ -1,0 +1,267 @@
+package status
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeSource stands in for the agent: the status server is what is tested.
+type fakeSource struct {
+	mu    sync.Mutex
+	snap  Snapshot
+	ready bool
+	why   string
+}
+
+func (f *fakeSource) Snapshot() Snapshot {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.snap
+}
+
+func (f *fakeSource) Ready() (bool, string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ready, f.why
+}
+
+func (f *fakeSource) Inspect(table string, q Query) (any, error) {
+	if table != "late" {
+		return nil, ErrUnknownTable
+	}
+	return []map[string]any{{"device": q.Device, "limit": q.Limit}}, nil
+}
+
+func (f *fakeSource) Config() []byte { return []byte("gateway_id: gw-7\nmqtt:\n  password: '***'\n") }
+
+func sampleSnapshot() Snapshot {
+	return Snapshot{
+		Gateway: "gw-7", Version: "1.2.3", Time: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC), UptimeSeconds: 3600,
+		Ingest: Ingest{Broker: "tcp://127.0.0.1:1883", Connected: true, ReceivedTotal: 12345, Rejected: map[string]uint64{"payload_too_large": 2}},
+		Bronze: Bronze{Records: 5000, Bytes: 900 << 20, MaxBytes: 1 << 30, BacklogRecords: 4321},
+		Window: Window{ProcessedTotal: 8024, OpenWindows: 40000, LagSeconds: 2.5, LastBatchSeconds: 1.5, TriggerIntervalSeconds: 1,
+			DeadLettersTotal: 3, DeadLettersByReason: map[string]uint64{"not_json": 3}, LateTotal: 7, DuplicatesTotal: 11},
+		Outbox:      Outbox{Rows: 77, Bytes: 250 << 20, MaxBytes: 256 << 20, OldestAge: 30},
+		Uplink:      Uplink{Transport: "nats", State: "down", Since: time.Date(2026, 11, 29, 11, 0, 0, 0, time.UTC)},
+		DeadLetters: []DeadLetter{{Seq: 9, Topic: "sensors/d1/telemetry", Code: "not_json", Reason: "payload is not JSON: <oops>", Payload: "<oops>"}},
+	}
+}
+
+func startServer(t *testing.T, cfg Config, src Source) *Server {
+	t.Helper()
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:0"
+	}
+	s, err := New(cfg, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func get(t *testing.T, url, token string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// Every line of /metrics is a comment or "name{labels} value" with a
+// Prometheus-legal name, and each family has one TYPE line.
+func TestMetricsExposition(t *testing.T) {
+	src := &fakeSource{snap: sampleSnapshot(), ready: true}
+	s := startServer(t, Config{TriggerInterval: time.Second}, src)
+	code, body := get(t, "http://"+s.Addr()+"/metrics", "")
+	if code != 200 {
+		t.Fatalf("/metrics: %d", code)
+	}
+	line := regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[^}]*\})? -?[0-9.eE+-]+(NaN|Inf)?$`)
+	types := map[string]int{}
+	sc := bufio.NewScanner(strings.NewReader(body))
+	for sc.Scan() {
+		l := sc.Text()
+		if strings.HasPrefix(l, "# TYPE ") {
+			types[strings.Fields(l)[2]]++
+			continue
+		}
+		if strings.HasPrefix(l, "#") || l == "" {
+			continue
+		}
+		if !line.MatchString(l) {
+			t.Errorf("not Prometheus text format: %q", l)
+		}
+	}
+	for name, n := range types {
+		if n != 1 {
+			t.Errorf("%d TYPE lines for %s", n, name)
+		}
+	}
+	for _, want := range []string{
+		"edgeagent_ingest_messages_received_total 12345",
+		`edgeagent_ingest_rejected_total{reason="payload_too_large"} 2`,
+		`edgeagent_dead_letters_total{reason="not_json"} 3`,
+		`edgeagent_uplink_state{state="down"} 1`,
+		"edgeagent_end_to_end_lag_seconds 2.5",
+		"edgeagent_bronze_backlog_records 4321",
+		"# TYPE edgeagent_late_readings_total counter",
+		"process_resident_memory_bytes",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
+
+func TestWarnings(t *testing.T) {
+	snap := sampleSnapshot()
+	snap.Rates.BacklogGrowth = 50
+	w := strings.Join(Warnings(&snap, time.Second), "\n")
+	for _, want := range []string{"backlog growing", "slower than the trigger", "outbox near its bound", "Bronze near its bound", "uplink down for 1h0m0s"} {
+		if !strings.Contains(w, want) {
+			t.Errorf("warnings lack %q:\n%s", want, w)
+		}
+	}
+	calm := Snapshot{Ingest: Ingest{Connected: true}, Uplink: Uplink{State: "up"}}
+	if w := Warnings(&calm, time.Second); len(w) != 0 {
+		t.Errorf("a healthy agent has warnings: %v", w)
+	}
+}
+
+func TestReadyzAndHealthz(t *testing.T) {
+	src := &fakeSource{snap: sampleSnapshot(), ready: true}
+	s := startServer(t, Config{}, src)
+	if code, _ := get(t, "http://"+s.Addr()+"/readyz", ""); code != 200 {
+		t.Errorf("/readyz ready: %d", code)
+	}
+	src.mu.Lock()
+	src.ready, src.why = false, "ingest is not connected"
+	src.mu.Unlock()
+	if code, body := get(t, "http://"+s.Addr()+"/readyz", ""); code != 503 || !strings.Contains(body, "not connected") {
+		t.Errorf("/readyz not ready: %d %q", code, body)
+	}
+	if code, _ := get(t, "http://"+s.Addr()+"/healthz", ""); code != 200 {
+		t.Errorf("/healthz: %d", code)
+	}
+}
+
+func TestTokenRequiredOffLoopback(t *testing.T) {
+	if _, err := New(Config{Listen: "0.0.0.0:9464"}, &fakeSource{}); !errors.Is(err, ErrNotLoopback) {
+		t.Fatalf("non-loopback without token: %v", err)
+	}
+	src := &fakeSource{snap: sampleSnapshot(), ready: true}
+	s := startServer(t, Config{Listen: "127.0.0.1:0", Token: "s3cret"}, src)
+	base := "http://" + s.Addr()
+	for _, path := range []string{"/metrics", "/status.json", "/", "/readyz", "/inspect/late"} {
+		if code, _ := get(t, base+path, ""); code != 401 {
+			t.Errorf("%s without token: %d, want 401", path, code)
+		}
+		if code, _ := get(t, base+path, "s3cret"); code != 200 {
+			t.Errorf("%s with token: %d, want 200", path, code)
+		}
+	}
+	if code, _ := get(t, base+"/healthz", ""); code != 200 {
+		t.Errorf("/healthz must not need the token: %d", code)
+	}
+	c := NewClient(s.Addr(), "s3cret")
+	if snap, err := c.Snapshot(context.Background()); err != nil || snap.Gateway != "gw-7" {
+		t.Errorf("client with token: %v %+v", err, snap)
+	}
+}
+
+func TestInspectEndpoint(t *testing.T) {
+	s := startServer(t, Config{}, &fakeSource{snap: sampleSnapshot()})
+	code, body := get(t, "http://"+s.Addr()+"/inspect/late?device=d9&limit=5", "")
+	if code != 200 || !strings.Contains(body, `"device": "d9"`) || !strings.Contains(body, `"limit": 5`) {
+		t.Errorf("inspect late: %d %s", code, body)
+	}
+	if code, _ := get(t, "http://"+s.Addr()+"/inspect/nothing", ""); code != 404 {
+		t.Errorf("unknown table: %d", code)
+	}
+	if code, body := get(t, "http://"+s.Addr()+"/inspect/late?from=yesterday", ""); code != 400 || !strings.Contains(body, "RFC 3339") {
+		t.Errorf("bad time: %d %s", code, body)
+	}
+}
+
+func TestNotRunning(t *testing.T) {
+	s := startServer(t, Config{}, &fakeSource{})
+	addr := s.Addr()
+	s.Close()
+	if _, err := NewClient(addr, "").Snapshot(context.Background()); !errors.Is(err, ErrNotRunning) {
+		t.Errorf("client against a stopped agent: %v, want ErrNotRunning", err)
+	}
+}
+
+// The page is checked in a real headless Chromium when one is installed
+// (.ci/run installs Debian's chromium): it renders the numbers, shows the
+// warnings and masks secrets.
+func TestStatusPageInChromium(t *testing.T) {
+	chromium := ""
+	for _, c := range []string{"chromium", "chromium-browser", "/usr/bin/chromium"} {
+		if p, err := exec.LookPath(c); err == nil {
+			chromium = p
+			break
+		}
+	}
+	if chromium == "" {
+		t.Skip("chromium is not installed (apt-get install chromium); skipping the browser test of the status page")
+	}
+	s := startServer(t, Config{TriggerInterval: time.Second}, &fakeSource{snap: sampleSnapshot(), ready: true})
+	dir := t.TempDir()
+	shot := filepath.Join(dir, "status.png")
+	args := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync",
+		"--user-data-dir=" + filepath.Join(dir, "profile"), "--window-size=1280,1400"}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	dom, err := exec.CommandContext(ctx, chromium, append(args, "--dump-dom", "http://"+s.Addr()+"/")...).Output()
+	if err != nil {
+		t.Fatalf("chromium --dump-dom: %v", err)
+	}
+	for _, want := range []string{
+		`<span id="backlog">4321</span>`,
+		`<span id="open-windows">40000</span>`,
+		`id="lag">2.5s<`,
+		`id="link-state">down<`,
+		`<span id="outbox-rows">77</span>`,
+		`payload is not JSON: &lt;oops&gt;`,
+		"outbox near its bound",
+		"password: '***'",
+	} {
+		if !strings.Contains(string(dom), want) {
+			t.Errorf("rendered page lacks %q", want)
+		}
+	}
+	if out, err := exec.CommandContext(ctx, chromium, append(args, "--screenshot="+shot, "http://"+s.Addr()+"/")...).CombinedOutput(); err != nil {
+		t.Fatalf("chromium --screenshot: %v\n%s", err, out)
+	}
+	if fi, err := os.Stat(shot); err != nil || fi.Size() < 10_000 {
+		t.Fatalf("screenshot missing or blank: %v", err)
+	}
+	if dst := os.Getenv("EDGEAGENT_SCREENSHOT"); dst != "" {
+		b, _ := os.ReadFile(shot)
+		os.WriteFile(dst, b, 0o644)
+	}
+}
