@@ -16,7 +16,7 @@ var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{
 	"secs": func(f float64) string {
 		return (time.Duration(f * float64(time.Second))).Round(time.Millisecond).String()
 	},
-	"pct":     func(a, b any) string { return percent(toInt64(a), toInt64(b)) },
+	"pct": func(a, b any) string { return percent(toInt64(a), toInt64(b)) },
 	"rfc3339": func(t time.Time) string {
 		if t.IsZero() {
 			return "—"
