@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -267,4 +268,40 @@ func exitCode(err error) int {
 		return ee.ExitCode()
 	}
 	return -1
+}
+
+// /readyz answers 503 while the broker is away and 200 again once the agent
+// has reconnected; /healthz stays 200 throughout.
+func TestReadyzFollowsBroker(t *testing.T) {
+	mosq := mqtttest.StartMosquitto(t, "")
+	dir := t.TempDir()
+	statusAddr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+	cfgPath := writeConfig(t, dir, fmt.Sprintf(`
+gateway_id: ready-gw
+data_dir: %s/data
+mqtt:
+  broker: %s
+  reconnect_max_interval: 1s
+  subscriptions:
+    - topic: "sensors/{device}/telemetry"
+status:
+  listen: "%s"
+`, dir, mosq.URL(), statusAddr))
+	p := startAgent(t, "run", "-c", cfgPath)
+	p.waitLog(t, "connected to broker")
+	readyz := func() int {
+		resp, err := http.Get("http://" + statusAddr + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	mqtttest.WaitFor(t, 10*time.Second, "/readyz 200", func() bool { return readyz() == 200 })
+	mosq.Stop()
+	mqtttest.WaitFor(t, 30*time.Second, "/readyz 503 with the broker gone", func() bool { return readyz() == 503 })
+	httpGet(t, "http://"+statusAddr+"/healthz", 200)
+	mosq.Start()
+	mqtttest.WaitFor(t, 30*time.Second, "/readyz 200 after reconnect", func() bool { return readyz() == 200 })
+	p.stop(t)
 }
