@@ -246,7 +246,7 @@ type LocalPublish struct {
 	// AggregatesTopic may contain {gateway_id}, {device} and {metric};
 	// "" (the default) turns local aggregate messages off.
 	AggregatesTopic string `yaml:"aggregates_topic"`
-	// StormThreshold: more transitions than this in one batch are folded
+	// StormThreshold: more transitions of one rule at one emission point (the same logged-clock instant) than this are folded
 	// into one summary message.
 	StormThreshold int `yaml:"storm_threshold"`
 }

@@ -11,6 +11,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/edgeagent/edgeagent/buffer"
+	"github.com/edgeagent/edgeagent/buffer/outbox"
 	"github.com/edgeagent/edgeagent/internal/topic"
 	"github.com/edgeagent/edgeagent/uplink/wire"
 )
@@ -138,6 +139,10 @@ type Config struct {
 	// OutboxMaxBytes is storage.outbox_max_bytes (default 256 MiB): at or
 	// above it the stage stops consuming Bronze until the uplink drains.
 	OutboxMaxBytes int64
+	// OutboxBytes measures the outbox against OutboxMaxBytes. The default
+	// counts the outbox rows; the agent passes uplink.BacklogBytes, which
+	// also counts batches sealed from them but not yet acknowledged.
+	OutboxBytes func(tx *bolt.Tx) (uint64, error)
 	// MaxLateRows and MaxDeadLetterRows bound the late and dead-letter
 	// tables (default 100,000 each); the oldest rows are evicted and counted.
 	MaxLateRows, MaxDeadLetterRows int
@@ -188,6 +193,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxRecordsPerBatch == 0 {
 		c.MaxRecordsPerBatch = DefaultMaxRecordsPerBatch
+	}
+	if c.OutboxBytes == nil {
+		c.OutboxBytes = func(tx *bolt.Tx) (uint64, error) {
+			st, err := outbox.ReadStats(tx)
+			return st.Bytes, err
+		}
 	}
 	if c.OutboxMaxBytes == 0 {
 		c.OutboxMaxBytes = DefaultOutboxMaxBytes

@@ -9,7 +9,6 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/edgeagent/edgeagent/buffer/outbox"
 )
 
 // Stage is the window stage: it reads Bronze in micro-batches from its
@@ -137,8 +136,8 @@ func (s *Stage) Step() (StepResult, error) {
 	res := StepResult{Offset: s.eng.offset}
 	var full bool
 	err := s.db.View(func(tx *bolt.Tx) error {
-		st, err := outbox.ReadStats(tx)
-		full = int64(st.Bytes) >= s.cfg.OutboxMaxBytes
+		n, err := s.cfg.OutboxBytes(tx)
+		full = int64(n) >= s.cfg.OutboxMaxBytes
 		return err
 	})
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -377,6 +378,28 @@ func TestOutboxBackpressure(t *testing.T) {
 	}
 	if st := p.s.Stats(); st.Blocked || !strings.Contains(logs.String(), "consuming Bronze again") {
 		t.Errorf("not unblocked: %v\n%s", st.Blocked, logs.String())
+	}
+}
+
+// The bound counts what the OutboxBytes hook reports (the agent's counts
+// sealed, unacknowledged uplink batches too), not only the outbox rows.
+func TestOutboxBackpressureCountsSealedBatches(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.OutboxMaxBytes = 1000
+	var sealed atomic.Uint64
+	sealed.Store(1000)
+	cfg.OutboxBytes = func(tx *bolt.Tx) (uint64, error) {
+		st, err := outbox.ReadStats(tx)
+		return st.Bytes + sealed.Load(), err
+	}
+	p := newStepper(t, cfg)
+	appendAll(t, p.br, []buffer.Record{telemetry("d1", "1", t0, t0, 1)})
+	if res, err := p.s.Step(); err != nil || !res.Blocked || res.Records != 0 {
+		t.Fatalf("step with sealed batches at the bound: %+v, %v", res, err)
+	}
+	sealed.Store(0) // the uplink got its acks
+	if res, err := p.s.Step(); err != nil || res.Blocked || res.Records != 1 {
+		t.Fatalf("step after the acks: %+v, %v", res, err)
 	}
 }
 

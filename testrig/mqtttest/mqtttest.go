@@ -95,6 +95,9 @@ autosave_interval 1
 max_queued_messages 0
 max_inflight_messages 0
 log_dest file %s
+# Run as root (tests and CI are), mosquitto would switch to its own user
+# and could not write its log and persistence file in the temp dir.
+user root
 %s
 `, m.port, m.dir, filepath.Join(m.dir, "mosquitto.log"), extraConf)
 	if err := os.WriteFile(filepath.Join(m.dir, "mosquitto.conf"), []byte(conf), 0o600); err != nil {

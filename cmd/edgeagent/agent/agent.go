@@ -23,7 +23,9 @@ import (
 	"github.com/edgeagent/edgeagent/config"
 	"github.com/edgeagent/edgeagent/ingest"
 	"github.com/edgeagent/edgeagent/uplink"
+	"github.com/edgeagent/edgeagent/uplink/local"
 	"github.com/edgeagent/edgeagent/window"
+	"github.com/edgeagent/edgeagent/window/alert"
 )
 
 // File names inside data_dir.
@@ -56,12 +58,15 @@ type Agent struct {
 	opts Options
 	log  *slog.Logger
 
-	Bronze *buffer.Bronze
-	State  *bolt.DB
-	Ingest *ingest.Ingester
-	Stage  *window.Stage
-	Uplink *uplink.Uplink // nil when no uplink is configured
-	Status *status.Server // nil when status.listen is ""
+	Bronze    *buffer.Bronze
+	State     *bolt.DB
+	Ingest    *ingest.Ingester
+	Stage     *window.Stage
+	Uplink    *uplink.Uplink   // nil when no uplink is configured
+	Status    *status.Server   // nil when status.listen is ""
+	Alerts    *alert.Engine    // nil without alert rules or local republishing
+	Local     *local.Publisher // nil when nothing is published locally
+	localSink interface{ Close() error }
 
 	closeOnce sync.Once
 	closeErr  error
@@ -93,19 +98,6 @@ func Open(cfg *config.Config, opts Options) (*Agent, error) {
 		a.Close()
 		return nil, err
 	}
-	wcfg, err := WindowConfig(cfg, opts.ConfigPath, opts.Logger, opts.Clock)
-	if err != nil {
-		a.Close()
-		return nil, err
-	}
-	a.Stage, err = window.New(a.State, a.Bronze, wcfg)
-	if err != nil {
-		a.Close()
-		if errors.Is(err, window.ErrIncompatibleState) {
-			return nil, &HintError{Err: err, Hint: fmt.Sprintf("the saved window state does not match the config; to rebuild it from Bronze run: edgeagent reset-state -c %s", opts.ConfigPath)}
-		}
-		return nil, fmt.Errorf("open window stage: %w", err)
-	}
 	icfg, err := ingestConfig(cfg, opts.Logger, opts.Clock)
 	if err != nil {
 		a.Close()
@@ -115,6 +107,26 @@ func Open(cfg *config.Config, opts Options) (*Agent, error) {
 	if err != nil {
 		a.Close()
 		return nil, err
+	}
+	wcfg, err := WindowConfig(cfg, opts.ConfigPath, opts.Logger, opts.Clock)
+	if err != nil {
+		a.Close()
+		return nil, err
+	}
+	if err := a.openAlerts(); err != nil {
+		a.Close()
+		return nil, err
+	}
+	if a.Alerts != nil {
+		wcfg.Observer = a.Alerts
+	}
+	a.Stage, err = window.New(a.State, a.Bronze, wcfg)
+	if err != nil {
+		a.Close()
+		if errors.Is(err, window.ErrIncompatibleState) {
+			return nil, &HintError{Err: err, Hint: fmt.Sprintf("the saved window state does not match the config; to rebuild it from Bronze run: edgeagent reset-state -c %s", opts.ConfigPath)}
+		}
+		return nil, fmt.Errorf("open window stage: %w", err)
 	}
 	if ucfg, ok, err := uplinkConfig(cfg, opts.Logger, opts.Clock); err != nil {
 		a.Close()
@@ -184,7 +196,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	stageCtx, stopStage := context.WithCancel(context.Background())
 	upCtx, stopUplink := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	errs := make(chan error, 3)
+	errs := make(chan error, 4)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -198,6 +210,15 @@ func (a *Agent) Run(ctx context.Context) error {
 			defer wg.Done()
 			if err := a.Uplink.Run(upCtx); err != nil {
 				errs <- fmt.Errorf("uplink: %w", err)
+			}
+		}()
+	}
+	if a.Local != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := a.Local.Run(upCtx); err != nil {
+				errs <- fmt.Errorf("local publisher: %w", err)
 			}
 		}()
 	}
@@ -297,6 +318,12 @@ func (a *Agent) Close() error {
 		if a.Uplink != nil {
 			a.Uplink.Close()
 		}
+		if a.Local != nil {
+			a.Local.Close()
+		}
+		if a.localSink != nil {
+			a.localSink.Close()
+		}
 		var errs []error
 		if a.State != nil {
 			if err := a.State.Close(); err != nil {
@@ -336,4 +363,52 @@ func tlsConfig(t config.TLS, what string) (*tls.Config, error) {
 		c.Certificates = []tls.Certificate{cert}
 	}
 	return c, nil
+}
+
+// openAlerts builds the alert engine and, when it publishes locally, the
+// local publisher with a sink on the gateway's own broker: the embedded one
+// inline, an external one through its own MQTT session.
+func (a *Agent) openAlerts() error {
+	cfg := a.cfg
+	if len(cfg.Alerts) == 0 && cfg.LocalPublish.AggregatesTopic == "" {
+		return nil
+	}
+	var notify func()
+	eng, err := alert.New(a.State, alert.Config{
+		Gateway: cfg.GatewayID, Rules: cfg.Alerts, LocalPublish: cfg.LocalPublish,
+		Expiry: time.Duration(cfg.Window.DeviceExpiry), Logger: a.log.With("component", "alerts"),
+		OnLocal: func() {
+			if notify != nil {
+				notify()
+			}
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("alerts: %w", err)
+	}
+	a.Alerts = eng
+	if !eng.Local() {
+		return nil
+	}
+	var sink local.Sink
+	if cfg.MQTT.Broker == "embedded" {
+		sink = local.SinkFunc(a.Ingest.Publish)
+	} else {
+		tc, err := tlsConfig(cfg.MQTT.TLS, "mqtt")
+		if err != nil {
+			return err
+		}
+		ps, err := local.NewPahoSink(local.PahoConfig{Broker: cfg.MQTT.Broker, Gateway: cfg.GatewayID,
+			Username: cfg.MQTT.Username, Password: cfg.MQTT.Password, TLS: tc, Logger: a.log.With("component", "local")})
+		if err != nil {
+			return fmt.Errorf("local publisher: %w", err)
+		}
+		sink, a.localSink = ps, ps
+	}
+	a.Local, err = local.New(a.State, local.Config{Gateway: cfg.GatewayID, Sink: sink, Logger: a.log.With("component", "local"), Clock: a.opts.Clock})
+	if err != nil {
+		return fmt.Errorf("local publisher: %w", err)
+	}
+	notify = a.Local.Notify
+	return nil
 }

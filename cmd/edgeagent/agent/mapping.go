@@ -47,6 +47,9 @@ func WindowConfig(cfg *config.Config, configPath string, log *slog.Logger, clock
 		Logger:             log.With("component", "window"),
 		Clock:              clock,
 		ConfigPath:         configPath,
+		// Batches sealed for the uplink but not yet acknowledged still count
+		// against storage.outbox_max_bytes.
+		OutboxBytes: uplink.BacklogBytes,
 	}, nil
 }
 
