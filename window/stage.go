@@ -8,7 +8,6 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-
 )
 
 // Stage is the window stage: it reads Bronze in micro-batches from its
