@@ -13,7 +13,10 @@ FUZZTIME ?= 60s
 build:
 	$(BUILD) -o bin/edgeagent ./cmd/edgeagent
 
-test: lint
+# `cross` and the nfpm tool build first, outside the test timeout, so the
+# packaging tests find the build cache warm.
+test: lint cross
+	$(GO) tool nfpm --version >/dev/null
 	$(GO) test -race -timeout 9m ./...
 	$(MAKE) --no-print-directory fuzz FUZZTIME=3s
 
@@ -37,6 +40,9 @@ cross:
 	GOOS=linux GOARCH=arm GOARM=7 $(BUILD) -o dist/edgeagent-linux-armv7 ./cmd/edgeagent
 	GOOS=linux GOARCH=arm64 $(BUILD) -o dist/edgeagent-linux-arm64 ./cmd/edgeagent
 	GOOS=linux GOARCH=amd64 $(BUILD) -o dist/edgeagent-linux-amd64 ./cmd/edgeagent
+
+deb: cross
+	$(GO) run ./packaging/cmd/mkdeb -dist dist -version '$(VERSION)'
 
 lint:
 	@bad=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
