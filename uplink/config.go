@@ -156,8 +156,12 @@ func (cfg Config) withDefaults() Config {
 	return cfg
 }
 
-// Validate checks a defaulted config and names the first wrong key.
-func (cfg Config) Validate() error {
+// Validate checks cfg, with the defaults New applies, and names the first
+// wrong key. New calls it; the config loader may too, to refuse a bad file
+// before anything starts.
+func (cfg Config) Validate() error { return cfg.withDefaults().validate() }
+
+func (cfg Config) validate() error {
 	switch {
 	case cfg.Gateway == "":
 		return configErr("gateway_id", "empty")

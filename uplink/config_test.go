@@ -52,7 +52,7 @@ func TestConfigValidate(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := Config{Gateway: "gw-1", NATS: nats()}
 			c.edit(&cfg)
-			err := cfg.withDefaults().Validate()
+			err := cfg.Validate()
 			if c.key == "" {
 				if err != nil {
 					t.Fatalf("valid config refused: %v", err)

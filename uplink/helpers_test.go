@@ -39,9 +39,7 @@ func openDB(t testing.TB) *bolt.DB {
 
 func openDBAt(t testing.TB, path string) *bolt.DB {
 	t.Helper()
-	o := &bolt.Options{Timeout: 10 * time.Second}
-	if os.Getenv("XXMAP") != "" { o.NoFreelistSync = true; o.FreelistType = bolt.FreelistMapType }
-	db, err := bolt.Open(path, 0o600, o)
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 10 * time.Second})
 	if err != nil {
 		t.Fatalf("open state db: %v", err)
 	}

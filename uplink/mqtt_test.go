@@ -2,7 +2,6 @@ package uplink
 
 import (
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -78,16 +77,6 @@ func (c *mqttCollector) receiver(t *testing.T) *receiver {
 	return r
 }
 
-// mosquittoUser keeps a root-started mosquitto from switching to the
-// mosquitto user, which cannot write its persistence file into the test's
-// temporary directory (so sessions would not survive the restart).
-func mosquittoUser() string {
-	if os.Geteuid() == 0 {
-		return "user root"
-	}
-	return ""
-}
-
 func mqttConfig(broker string) Config {
 	return Config{
 		MQTT:            &MQTTConfig{Broker: broker, Topic: "edge/{gateway_id}/aggregates"},
@@ -108,7 +97,7 @@ func TestMQTT(t *testing.T) {
 	}{
 		{"mochi", func(t *testing.T) (string, func()) { return mqtttest.StartMochi(t), nil }},
 		{"mosquitto", func(t *testing.T) (string, func()) {
-			m := mqtttest.StartMosquitto(t, mosquittoUser())
+			m := mqtttest.StartMosquitto(t, "")
 			return m.URL(), func() { m.Stop(); m.Start() }
 		}},
 	}

@@ -19,8 +19,9 @@ const (
 	// 300 ms cellular round trip, one at a time would cap a drain at a few
 	// batches a second.
 	maxInFlight = 8
-	// sealPerRound bounds the batches one sealing transaction writes.
-	sealPerRound = 8
+	// sealPerRound bounds the batches one sealing transaction writes: more
+	// a round means fewer commits (each an fsync) during a drain.
+	sealPerRound = 32
 	// shutdownGrace bounds the wait for in-flight acks at shutdown.
 	shutdownGrace = 2 * time.Second
 )
@@ -116,7 +117,7 @@ func New(db *bolt.DB, cfg Config) (*Uplink, error) {
 		return nil, fmt.Errorf("%w: nil database", ErrConfig)
 	}
 	cfg = cfg.withDefaults()
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	u := &Uplink{
@@ -178,8 +179,10 @@ func (u *Uplink) Close() error {
 // Run connects, seals, sends, waits for acks and deletes, and reconnects
 // when the link fails, until ctx is cancelled or Close is called; then it
 // waits briefly for in-flight acks and returns nil. Errors of the link, and
-// of the database, are retried (and reported in Stats and the log), never
-// returned: the outbox is durable, so the uplink keeps trying.
+// of the database once running, are retried (and reported in Stats and the
+// log), not returned: the outbox is durable, so the uplink keeps trying. Run
+// returns an error only when it cannot create its buckets at the start, or
+// with ErrClosed or ErrRunning.
 func (u *Uplink) Run(ctx context.Context) error {
 	u.runMu.Lock()
 	select {
@@ -245,8 +248,8 @@ func (u *Uplink) Run(ctx context.Context) error {
 // n+1 is compressed, which is what keeps a drain from raw rows near the
 // compression speed.
 func (u *Uplink) sealLoop(ctx context.Context) {
-	plans := make(chan sealPlan)
-	var gen atomic.Uint64 // bumped when a plan fails; later plans are stale
+	plans := make(chan sealPlan, 1) // plan one round ahead of the writes
+	var gen atomic.Uint64           // bumped when a plan fails; later plans are stale
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {

@@ -162,11 +162,9 @@ func TestPublisherDropsCorruptRows(t *testing.T) {
 // the rows queued meanwhile stay in the outbox and are retried; once the
 // broker is back they are all delivered, in order.
 func TestPublisherMosquittoOutage(t *testing.T) {
-	// "user root": run as root, mosquitto would switch to the mosquitto
-	// user and could not write its persistence file in the test's temp
-	// dir, so the subscriber's session would not survive the restart. As
-	// any other user the option does nothing.
-	m := mqtttest.StartMosquitto(t, "user root")
+	// mqtttest runs mosquitto with persistence, so the subscriber's
+	// session survives the restart.
+	m := mqtttest.StartMosquitto(t, "")
 	sub := subscribe(t, m.URL(), "sub-outage", "edgeagent/#")
 	ps, err := NewPahoSink(PahoConfig{Broker: m.URL(), Gateway: "gw1", Logger: testLogger(),
 		MaxReconnectInterval: 200 * time.Millisecond, PublishTimeout: 2 * time.Second})
