@@ -10,6 +10,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/edgeagent/edgeagent/internal/boltkv"
 )
 
 // Sentinel errors.
@@ -89,9 +91,9 @@ func Open(path string, opts Options) (*Bronze, error) {
 		if m == nil {
 			return nil
 		}
-		b.next = max(getUint(m, keyNext), 1)
-		b.records = int64(getUint(m, keyRecords))
-		b.bytes = int64(getUint(m, keyBytes))
+		b.next = max(boltkv.Uint(m, keyNext), 1)
+		b.records = int64(boltkv.Uint(m, keyRecords))
+		b.bytes = int64(boltkv.Uint(m, keyBytes))
 		return nil
 	}
 	if opts.ReadOnly {
@@ -338,7 +340,7 @@ func (b *Bronze) putMeta(tx *bolt.Tx, next uint64, records, bytes int64) error {
 		k []byte
 		v uint64
 	}{{keyNext, next}, {keyRecords, uint64(records)}, {keyBytes, uint64(bytes)}} {
-		if err := putUint(m, kv.k, kv.v); err != nil {
+		if err := boltkv.PutUint(m, kv.k, kv.v); err != nil {
 			return err
 		}
 	}
@@ -386,21 +388,4 @@ func (b *Bronze) Stats() (Stats, error) {
 		return err
 	})
 	return s, err
-}
-
-func getUint(b *bolt.Bucket, k []byte) uint64 {
-	v := b.Get(k)
-	if len(v) != 8 {
-		return 0
-	}
-	return binary.BigEndian.Uint64(v)
-}
-
-func putUint(b *bolt.Bucket, k []byte, v uint64) error {
-	var buf [8]byte
-	binary.BigEndian.PutUint64(buf[:], v)
-	if err := b.Put(k, buf[:]); err != nil {
-		return fmt.Errorf("put meta %s: %w", k, err)
-	}
-	return nil
 }

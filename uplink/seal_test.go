@@ -9,6 +9,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/edgeagent/edgeagent/internal/boltkv"
+
 	"github.com/edgeagent/edgeagent/buffer/outbox"
 	"github.com/edgeagent/edgeagent/uplink/wire"
 )
@@ -329,13 +331,13 @@ func TestBacklogBytesCountsSealedBatches(t *testing.T) {
 
 func TestSealedRecordRoundTrip(t *testing.T) {
 	s := sealed{first: 7, last: 900, oldest: -5, aggregates: 3, alerts: 1, id: "gw-7-900-00", encoding: "zstd", body: []byte{1, 2, 3}}
-	got, err := unmarshalSealed(seqKey(7), s.marshal())
+	got, err := unmarshalSealed(boltkv.Key(7), s.marshal())
 	if err != nil || !reflect.DeepEqual(got, s) {
 		t.Fatalf("round trip: %+v, %v", got, err)
 	}
 	v := s.marshal()
 	for i := 0; i < len(v)-len(s.body); i++ {
-		if _, err := unmarshalSealed(seqKey(7), v[:i]); err == nil {
+		if _, err := unmarshalSealed(boltkv.Key(7), v[:i]); err == nil {
 			t.Fatalf("truncated record of %d bytes decoded", i)
 		}
 	}

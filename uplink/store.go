@@ -7,6 +7,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/edgeagent/edgeagent/internal/boltkv"
+
 	"github.com/edgeagent/edgeagent/buffer/outbox"
 )
 
@@ -132,7 +134,7 @@ func putSealed(tx *bolt.Tx, s *sealed) error {
 		return errors.New("uplink: not initialised")
 	}
 	v := s.marshal()
-	if err := b.Put(seqKey(s.first), v); err != nil {
+	if err := b.Put(boltkv.Key(s.first), v); err != nil {
 		return fmt.Errorf("uplink: put sealed batch %s: %w", s.id, err)
 	}
 	return addMeta(tx, 1, int64(8+len(v)))
@@ -146,7 +148,7 @@ func deleteSealed(tx *bolt.Tx, firsts ...uint64) error {
 	}
 	var n, bytes int64
 	for _, f := range firsts {
-		k := seqKey(f)
+		k := boltkv.Key(f)
 		v := b.Get(k)
 		if v == nil {
 			continue
@@ -169,7 +171,7 @@ func readSealed(tx *bolt.Tx, from uint64, max int) ([]sealed, error) {
 	}
 	var out []sealed
 	c := b.Cursor()
-	for k, v := c.Seek(seqKey(from)); k != nil && len(out) < max; k, v = c.Next() {
+	for k, v := c.Seek(boltkv.Key(from)); k != nil && len(out) < max; k, v = c.Next() {
 		s, err := unmarshalSealed(k, v)
 		if err != nil {
 			return out, err
@@ -197,7 +199,7 @@ func ReadBacklog(tx *bolt.Tx) (Backlog, error) {
 	if m == nil {
 		return bl, nil
 	}
-	bl.Batches, bl.Bytes = getUint(m, keyBatches), getUint(m, keyBytes)
+	bl.Batches, bl.Bytes = boltkv.Uint(m, keyBatches), boltkv.Uint(m, keyBytes)
 	if b := tx.Bucket(bucketBatches); b != nil {
 		if k, v := b.Cursor().First(); k != nil {
 			s, err := unmarshalSealed(k, v)
@@ -222,7 +224,7 @@ func BacklogBytes(tx *bolt.Tx) (uint64, error) {
 	}
 	var sealedBytes uint64
 	if m := tx.Bucket(bucketMeta); m != nil {
-		sealedBytes = getUint(m, keyBytes)
+		sealedBytes = boltkv.Uint(m, keyBytes)
 	}
 	return ob.Bytes + sealedBytes, nil
 }
@@ -240,7 +242,7 @@ func putRejected(tx *bolt.Tx, e outbox.Entry, reason string) error {
 	v = binary.AppendUvarint(v, uint64(len(reason)))
 	v = append(v, reason...)
 	v = append(v, e.Data...)
-	if err := b.Put(seqKey(e.Seq), v); err != nil {
+	if err := b.Put(boltkv.Key(e.Seq), v); err != nil {
 		return fmt.Errorf("uplink: keep rejected row %d: %w", e.Seq, err)
 	}
 	for b.Stats().KeyN > maxRejected {
@@ -257,31 +259,11 @@ func addMeta(tx *bolt.Tx, n, bytes int64) error {
 	if m == nil {
 		return errors.New("uplink: not initialised")
 	}
-	if err := putUint(m, keyBatches, uint64(int64(getUint(m, keyBatches))+n)); err != nil {
-		return err
+	if err := boltkv.AddInt(m, keyBatches, n); err != nil {
+		return fmt.Errorf("uplink: meta: %w", err)
 	}
-	return putUint(m, keyBytes, uint64(int64(getUint(m, keyBytes))+bytes))
-}
-
-func seqKey(seq uint64) []byte {
-	var k [8]byte
-	binary.BigEndian.PutUint64(k[:], seq)
-	return k[:]
-}
-
-func getUint(b *bolt.Bucket, k []byte) uint64 {
-	v := b.Get(k)
-	if len(v) != 8 {
-		return 0
-	}
-	return binary.BigEndian.Uint64(v)
-}
-
-func putUint(b *bolt.Bucket, k []byte, v uint64) error {
-	var buf [8]byte
-	binary.BigEndian.PutUint64(buf[:], v)
-	if err := b.Put(k, buf[:]); err != nil {
-		return fmt.Errorf("uplink: put meta %s: %w", k, err)
+	if err := boltkv.AddInt(m, keyBytes, bytes); err != nil {
+		return fmt.Errorf("uplink: meta: %w", err)
 	}
 	return nil
 }

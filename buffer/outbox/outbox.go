@@ -13,6 +13,8 @@ import (
 	"fmt"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/edgeagent/edgeagent/internal/boltkv"
 )
 
 // Kind says what an outbox entry carries.
@@ -73,7 +75,7 @@ func Append(tx *bolt.Tx, kind Kind, emittedAt int64, data []byte) (uint64, error
 	v = append(v, byte(kind))
 	v = binary.AppendVarint(v, emittedAt)
 	v = append(v, data...)
-	if err := b.Put(seqKey(seq), v); err != nil {
+	if err := b.Put(boltkv.Key(seq), v); err != nil {
 		return 0, fmt.Errorf("outbox: put %d: %w", seq, err)
 	}
 	if err := addMeta(tx, 1, int64(8+len(v))); err != nil {
@@ -91,7 +93,7 @@ func Read(tx *bolt.Tx, from uint64, max int) ([]Entry, error) {
 	}
 	var out []Entry
 	c := b.Cursor()
-	for k, v := c.Seek(seqKey(from)); k != nil && len(out) < max; k, v = c.Next() {
+	for k, v := c.Seek(boltkv.Key(from)); k != nil && len(out) < max; k, v = c.Next() {
 		e, err := decode(k, v)
 		if err != nil {
 			return out, err
@@ -109,7 +111,7 @@ func Delete(tx *bolt.Tx, seqs ...uint64) error {
 	}
 	var rows, bytes int64
 	for _, s := range seqs {
-		k := seqKey(s)
+		k := boltkv.Key(s)
 		v := b.Get(k)
 		if v == nil {
 			continue
@@ -138,8 +140,8 @@ func ReadStats(tx *bolt.Tx) (Stats, error) {
 	if m == nil {
 		return s, nil
 	}
-	s.Rows = getUint(m, keyRows)
-	s.Bytes = getUint(m, keyBytes)
+	s.Rows = boltkv.Uint(m, keyRows)
+	s.Bytes = boltkv.Uint(m, keyBytes)
 	if b := tx.Bucket(bucketRows); b != nil {
 		if k, v := b.Cursor().First(); k != nil {
 			e, err := decode(k, v)
@@ -171,31 +173,11 @@ func addMeta(tx *bolt.Tx, rows, bytes int64) error {
 	if m == nil {
 		return errors.New("outbox: not initialised")
 	}
-	if err := putUint(m, keyRows, uint64(int64(getUint(m, keyRows))+rows)); err != nil {
-		return err
+	if err := boltkv.AddInt(m, keyRows, rows); err != nil {
+		return fmt.Errorf("outbox: %w", err)
 	}
-	return putUint(m, keyBytes, uint64(int64(getUint(m, keyBytes))+bytes))
-}
-
-func seqKey(seq uint64) []byte {
-	var k [8]byte
-	binary.BigEndian.PutUint64(k[:], seq)
-	return k[:]
-}
-
-func getUint(b *bolt.Bucket, k []byte) uint64 {
-	v := b.Get(k)
-	if len(v) != 8 {
-		return 0
-	}
-	return binary.BigEndian.Uint64(v)
-}
-
-func putUint(b *bolt.Bucket, k []byte, v uint64) error {
-	var buf [8]byte
-	binary.BigEndian.PutUint64(buf[:], v)
-	if err := b.Put(k, buf[:]); err != nil {
-		return fmt.Errorf("outbox: put meta %s: %w", k, err)
+	if err := boltkv.AddInt(m, keyBytes, bytes); err != nil {
+		return fmt.Errorf("outbox: %w", err)
 	}
 	return nil
 }
