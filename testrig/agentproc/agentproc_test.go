@@ -1,0 +1,126 @@
+package agentproc
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The test binary plays the agent when fakeEnv is set: it logs the line
+// the rig waits for, burns a little CPU, and exits 0 on SIGTERM — or, in
+// "exit" mode, fails at once as a broken agent would.
+const fakeEnv = "AGENTPROC_FAKE_AGENT"
+
+func TestMain(m *testing.M) {
+	switch os.Getenv(fakeEnv) {
+	case "":
+		os.Exit(m.Run())
+	case "exit":
+		fmt.Println("fake agent: cannot start")
+		os.Exit(3)
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM)
+	fmt.Println(`level=INFO msg="connected to broker"`)
+	spin := time.Now().Add(200 * time.Millisecond)
+	for time.Now().Before(spin) {
+	}
+	<-sig
+	fmt.Println("fake agent: stopped")
+	os.Exit(0)
+}
+
+func fake(t *testing.T, mode string) *Process {
+	t.Helper()
+	t.Setenv(fakeEnv, mode)
+	p := New(os.Args[0], "unused.yaml", filepath.Join(t.TempDir(), "agent.log"))
+	t.Cleanup(func() {
+		if p.Running() {
+			p.Kill()
+		}
+	})
+	return p
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond) // poll interval
+	}
+}
+
+func TestKillTerminateRestart(t *testing.T) {
+	p := fake(t, "run")
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(); err == nil {
+		t.Fatal("a second Start while running succeeded")
+	}
+	waitFor(t, 10*time.Second, "the ready line", func() bool { return p.LoggedSinceStart("connected to broker") })
+	if err := p.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if p.Running() {
+		t.Fatal("running after Kill")
+	}
+	if err := p.Kill(); err != ErrNotRunning {
+		t.Fatalf("Kill when stopped = %v, want ErrNotRunning", err)
+	}
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if p.LoggedSinceStart("fake agent: stopped") {
+		t.Fatal("LoggedSinceStart sees the previous run")
+	}
+	waitFor(t, 10*time.Second, "the ready line of the second run", func() bool { return p.LoggedSinceStart("connected to broker") })
+	code, err := p.Terminate(10 * time.Second)
+	if err != nil || code != 0 {
+		t.Fatalf("Terminate = %d, %v; want 0, nil", code, err)
+	}
+	exits := p.Exits()
+	if len(exits) != 2 || exits[0].Signal != "killed" || exits[1].Code != 0 || exits[0].Unexpected || exits[1].Unexpected {
+		t.Fatalf("exits %+v: want a kill and a clean stop, both caused by the rig", exits)
+	}
+	if p.Starts() != 2 {
+		t.Fatalf("%d starts, want 2", p.Starts())
+	}
+	u := p.Usage()
+	if u.CPUSeconds <= 0 || u.PeakRSSBytes <= 0 {
+		t.Fatalf("usage %+v: want the CPU and peak RSS of both runs", u)
+	}
+}
+
+func TestUnexpectedExit(t *testing.T) {
+	p := fake(t, "exit")
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the exit", func() bool { return !p.Running() })
+	ex := p.Exits()
+	if len(ex) != 1 || ex[0].Code != 3 || !ex[0].Unexpected {
+		t.Fatalf("exits %+v, want one unexpected exit with code 3", ex)
+	}
+	if tail := p.LogTail(200); !strings.Contains(tail, "cannot start") {
+		t.Fatalf("log tail %q lacks the agent's output", tail)
+	}
+}
+
+func TestReadProc(t *testing.T) {
+	cpu, hwm, err := readProc(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cpu <= 0 || hwm < 1<<20 {
+		t.Fatalf("cpu %v s, VmHWM %d bytes: implausible for a running test", cpu, hwm)
+	}
+}

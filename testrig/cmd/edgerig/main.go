@@ -1,0 +1,232 @@
+// Command edgerig runs edgeagent end to end against simulated devices,
+// injected faults and a verifying cloud: scenarios (run), the live demo
+// (demo) and a sustained load (load).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/edgeagent/edgeagent/testrig/rig"
+	"github.com/edgeagent/edgeagent/testrig/scenario"
+)
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitFail  = 1 // the run found something missing or wrong
+	exitUsage = 2
+	exitError = 3 // the run could not be carried out
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(Main(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+const usage = `edgerig — simulated devices, faults and cloud around the real edgeagent
+
+Usage:
+  edgerig run [--agent PATH] [--short] [--json FILE] [--dir DIR] [--keep] [--broker mochi|mosquitto] [--mqtt URL] [--nats URL] SCENARIO
+  edgerig demo [--agent PATH] [--duration D] [--devices N] [--dir DIR]
+  edgerig load [--agent PATH] [--devices N] [--duration D] [--json FILE] [--mqtt URL]
+  edgerig scenarios
+
+SCENARIO is a stock scenario name (edgerig scenarios lists them) or a YAML file.
+Exit status: 0 pass, 1 something missing or wrong, 2 usage, 3 the run could not be carried out.
+`
+
+// Main runs the command line and returns the exit code.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	switch args[0] {
+	case "run":
+		return cmdRun(ctx, args[1:], stdout, stderr)
+	case "demo":
+		return cmdDemo(ctx, args[1:], stdout, stderr)
+	case "load":
+		return cmdLoad(ctx, args[1:], stdout, stderr)
+	case "scenarios":
+		for _, n := range scenario.Names() {
+			sc, err := scenario.Lookup(n)
+			if err != nil {
+				fmt.Fprintf(stdout, "%-16s (invalid: %v)\n", n, err)
+				continue
+			}
+			fmt.Fprintf(stdout, "%-16s %s\n", n, sc.Description)
+		}
+		return exitOK
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "edgerig: unknown command %q\n\n%s", args[0], usage)
+	return exitUsage
+}
+
+func flags(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("edgerig "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}
+
+// parse parses flags placed before or after the positional arguments.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flags("run", stderr)
+	agent := fs.String("agent", "bin/edgeagent", "edgeagent binary")
+	short := fs.Bool("short", false, "run the scenario's short version (CI)")
+	jsonPath := fs.String("json", "", "also write the report as JSON to `FILE` (- for stdout)")
+	dir := fs.String("dir", "", "run directory (default: a temporary one, removed after a pass)")
+	keep := fs.Bool("keep", false, "keep the run directory after a pass")
+	mqtt := fs.String("mqtt", "", "use this external MQTT broker `URL` instead of an in-process one")
+	nats := fs.String("nats", "", "use this external NATS `URL` (with JetStream) instead of an in-process one")
+	broker := fs.String("broker", "", "in-process broker: mochi or mosquitto (default: mosquitto when the scenario restarts the broker and it is installed)")
+	quiet := fs.Bool("quiet", false, "no progress lines")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return exitUsage
+	}
+	if len(pos) != 1 {
+		fmt.Fprintf(stderr, "edgerig run: want one SCENARIO, got %d\n\n%s", len(pos), usage)
+		return exitUsage
+	}
+	sc, err := scenario.Lookup(pos[0])
+	if err != nil {
+		fmt.Fprintf(stderr, "edgerig run: %v\n", err)
+		return exitUsage
+	}
+	var progress io.Writer = stderr
+	if *quiet {
+		progress = nil
+	}
+	rep, err := rig.Run(ctx, rig.Options{Agent: *agent, Scenario: sc, Short: *short, Dir: *dir, Keep: *keep,
+		MQTT: *mqtt, NATS: *nats, Broker: *broker, Progress: progress})
+	if err != nil {
+		fmt.Fprintf(stderr, "edgerig run: %v\n", err)
+		return exitError
+	}
+	return report(rep, *jsonPath, stdout, stderr)
+}
+
+func report(rep *rig.Report, jsonPath string, stdout, stderr io.Writer) int {
+	if jsonPath == "-" {
+		if err := rep.WriteJSON(stdout); err != nil {
+			fmt.Fprintf(stderr, "edgerig: %v\n", err)
+			return exitError
+		}
+	} else {
+		rep.WriteTable(stdout)
+		if jsonPath != "" {
+			if code := writeJSONFile(jsonPath, rep.WriteJSON, stderr); code != exitOK {
+				return code
+			}
+		}
+	}
+	if !rep.OK() {
+		return exitFail
+	}
+	return exitOK
+}
+
+func writeJSONFile(path string, write func(io.Writer) error, stderr io.Writer) int {
+	f, err := os.Create(path)
+	if err != nil {
+		fmt.Fprintf(stderr, "edgerig: %v\n", err)
+		return exitError
+	}
+	werr := write(f)
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr != nil {
+		fmt.Fprintf(stderr, "edgerig: write %s: %v\n", path, werr)
+		return exitError
+	}
+	return exitOK
+}
+
+func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flags("demo", stderr)
+	agent := fs.String("agent", "bin/edgeagent", "edgeagent binary")
+	duration := fs.Duration("duration", 0, "stop after this long (default: run until Ctrl-C)")
+	devices := fs.Int("devices", 36, "number of simulated devices")
+	dir := fs.String("dir", "", "data directory (default: a temporary one; ./demo-data keeps it)")
+	jsonPath := fs.String("json", "", "also write the verifier's summary as JSON to `FILE`")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return exitUsage
+	}
+	if len(pos) != 0 {
+		fmt.Fprintf(stderr, "edgerig demo: unexpected argument %q\n", pos[0])
+		return exitUsage
+	}
+	rep, err := rig.Demo(ctx, rig.DemoOptions{Agent: *agent, Duration: *duration, Devices: *devices, Dir: *dir, Out: stdout})
+	if err != nil {
+		fmt.Fprintf(stderr, "edgerig demo: %v\n", err)
+		if errors.Is(err, rig.ErrNoAgent) {
+			fmt.Fprintln(stderr, "build the agent first: make build (make demo does it for you)")
+		}
+		return exitError
+	}
+	return report(rep, *jsonPath, stdout, stderr)
+}
+
+func cmdLoad(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flags("load", stderr)
+	agent := fs.String("agent", "bin/edgeagent", "edgeagent binary")
+	devices := fs.Int("devices", 10000, "simulated devices")
+	duration := fs.Duration("duration", 30*time.Second, "how long the agent is loaded")
+	conns := fs.Int("connections", 16, "MQTT connections the devices share")
+	jsonPath := fs.String("json", "", "also write the figures as JSON to `FILE`")
+	mqtt := fs.String("mqtt", "", "use this external MQTT broker `URL` (the ceiling is measured on it too)")
+	dir := fs.String("dir", "", "run directory (default: a temporary one)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return exitUsage
+	}
+	if len(pos) != 0 {
+		fmt.Fprintf(stderr, "edgerig load: unexpected argument %q\n", pos[0])
+		return exitUsage
+	}
+	lr, err := rig.Load(ctx, rig.LoadOptions{Agent: *agent, Devices: *devices, Duration: *duration, Connections: *conns,
+		MQTT: *mqtt, Dir: *dir, Progress: stderr})
+	if err != nil {
+		fmt.Fprintf(stderr, "edgerig load: %v\n", err)
+		return exitError
+	}
+	lr.WriteTable(stdout)
+	if *jsonPath != "" {
+		if code := writeJSONFile(*jsonPath, lr.WriteJSON, stderr); code != exitOK {
+			return code
+		}
+	}
+	if !lr.OK() {
+		return exitFail
+	}
+	return exitOK
+}

@@ -1,0 +1,305 @@
+package rig
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/edgeagent/edgeagent/testrig/agentproc"
+	"github.com/edgeagent/edgeagent/testrig/scenario"
+	"github.com/edgeagent/edgeagent/testrig/sim"
+	"github.com/edgeagent/edgeagent/testrig/truth"
+	"github.com/edgeagent/edgeagent/testrig/verify"
+)
+
+// DemoOptions configure the demo.
+type DemoOptions struct {
+	// Agent is the edgeagent binary.
+	Agent string
+	// Duration stops the demo after this long; 0 runs until ctx ends (Ctrl-C).
+	Duration time.Duration
+	// Devices is the fleet size (default 36).
+	Devices int
+	// Dir keeps the data there ("" uses a temporary directory, removed
+	// after a passing demo).
+	Dir string
+	// Out receives the live view and the summary.
+	Out io.Writer
+}
+
+// demoHorizon is how long a demo without --duration can run: the plan is
+// made for it up front.
+const demoHorizon = 30 * time.Minute
+
+// demoScenario is the demo's fleet: a few dozen devices of the three
+// formats, a quarter of them going offline and flushing a backlog, and a
+// link outage every 90 seconds (or one, a third into a timed demo).
+func demoScenario(devices int, d time.Duration) *scenario.Scenario {
+	if devices < 3 {
+		devices = 3
+	}
+	total := d
+	if total == 0 {
+		total = demoHorizon
+	}
+	nJSON, nCBOR := devices*2/3, devices*2/9
+	nNum := max(1, devices-nJSON-nCBOR)
+	sc := &scenario.Scenario{
+		Name:        "demo",
+		Description: "make demo: the agent's embedded broker between simulated devices and an in-process NATS cloud",
+		Seed:        uint64(time.Now().UnixNano()),
+		Duration:    total,
+		Speed:       30, // a minute of device time every two seconds
+		Connections: 4,
+		Devices: []scenario.DeviceGroup{
+			{Prefix: "sensor", Count: nJSON, Format: scenario.FormatJSON, Interval: 5 * time.Second, Metrics: []string{"temperature", "humidity"}},
+			{Prefix: "meter", Count: nCBOR, Format: scenario.FormatCBOR, Interval: 10 * time.Second, Metrics: []string{"power", "voltage"}},
+			{Prefix: "tank", Count: nNum, Format: scenario.FormatNumber, Interval: 10 * time.Second, Metrics: []string{"level"}},
+		},
+		Misbehaviour: scenario.Misbehaviour{
+			Offline: &scenario.Offline{Devices: 0.25, Min: 2 * time.Minute, Max: 5 * time.Minute},
+		},
+		Agent: scenario.Agent{Window: scenario.Window{Size: time.Minute, WatermarkDelay: 10 * time.Second,
+			AllowedLateness: 10 * time.Minute, IdleTimeout: 5 * time.Second}},
+	}
+	if d > 0 {
+		sc.Faults = []scenario.Fault{{At: scenario.At{Offset: d / 3}, Kind: scenario.FaultUplinkCut, For: max(5*time.Second, d/4)}}
+	} else {
+		for at := 20 * time.Second; at < total; at += 90 * time.Second {
+			sc.Faults = append(sc.Faults, scenario.Fault{At: scenario.At{Offset: at}, Kind: scenario.FaultUplinkCut, For: 15 * time.Second})
+		}
+	}
+	sc.Normalize()
+	return sc
+}
+
+// Demo runs the demo: the agent with its embedded broker, simulated
+// devices, an in-process NATS JetStream cloud, a link outage, and a live
+// view refreshed every second. It stops when ctx ends or after Duration,
+// lets the agent catch up, and returns the verifier's report.
+func Demo(ctx context.Context, o DemoOptions) (*Report, error) {
+	if o.Devices == 0 {
+		o.Devices = 36
+	}
+	if o.Out == nil {
+		o.Out = io.Discard
+	}
+	sc := demoScenario(o.Devices, o.Duration)
+	if err := sc.Validate(); err != nil {
+		return nil, err
+	}
+	dir, temp, err := runDir(o.Dir, "edgerig-demo-")
+	if err != nil {
+		return nil, err
+	}
+	e, err := newEnv(ctx, envConfig{dir: dir, agentBin: o.Agent, agent: sc.Agent, embedded: true})
+	if err != nil {
+		removeTemp(dir, temp)
+		return nil, err
+	}
+	defer e.close()
+	fmt.Fprintf(o.Out, "starting: agent %s, its embedded MQTT broker on %s, NATS JetStream on %s\n", o.Agent, e.brokerURL, e.natsURL)
+	if err := e.startAgent(ctx, 30*time.Second); err != nil {
+		return nil, err
+	}
+	plan, err := sim.NewPlan(sc, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{Mode: "demo", Description: sc.Description, Broker: e.brokerName, RunDir: dir}
+	c := plan.Counts()
+	rep.Plan = PlanSummary{Devices: c.Devices, Messages: c.Messages, Readings: c.Readings, Retries: c.Retries, Dead: c.Dead}
+
+	// Publishing, faults and the view stop with ctx (Ctrl-C) or Duration;
+	// the catch-up after it must not.
+	runCtx := ctx
+	if o.Duration > 0 {
+		var cancel context.CancelFunc
+		runCtx, cancel = context.WithTimeout(ctx, o.Duration+2*time.Second)
+		defer cancel()
+	}
+	started := make(chan time.Time, 1)
+	pub := sim.NewPublisher(plan, sim.PublisherConfig{Broker: e.brokerURL, ClientPrefix: "edgerig-demo",
+		OnStart: func(t time.Time) { started <- t }})
+	fl := &faults{e: e, pub: pub}
+	pubErr := make(chan error, 1)
+	go func() { pubErr <- pub.Run(runCtx) }()
+	var start time.Time
+	select {
+	case start = <-started:
+	case err := <-pubErr:
+		return nil, fmt.Errorf("rig: publisher: %w", err)
+	}
+	faultsDone := make(chan struct{})
+	go func() {
+		defer close(faultsDone)
+		fl.run(runCtx, sc.Faults, sc.Duration, start)
+	}()
+	view := &liveView{out: o.Out, tty: isTerminal(o.Out), e: e, pub: pub, plan: plan, fl: fl, start: start, total: o.Duration, faults: sc.Faults}
+	tick := time.NewTicker(time.Second)
+	var perr error
+loop:
+	for {
+		select {
+		case perr = <-pubErr:
+			break loop
+		case <-tick.C:
+			view.draw(ctx, "")
+		}
+	}
+	tick.Stop()
+	<-faultsDone
+	e.proxy.Restore() // an outage cut short by Ctrl-C ends here
+	rep.PublishSeconds = time.Since(start).Seconds()
+	pp := pub.Progress()
+	rep.Publisher = PublisherSummary{Published: pp.Published, Acked: pp.Acked, Republished: pp.Republished, Unacked: pub.Unacked()}
+	if perr != nil && runCtx.Err() == nil {
+		rep.Failures = append(rep.Failures, fmt.Sprintf("publisher: %v", perr))
+	}
+
+	exp := truth.Compute(plan, pub.Sent(), pub.SentAt(), truthSettings(sc.Agent))
+	opts := verify.CompareOptions{Gateway: Gateway, Aggregates: sc.Agent.Window.Aggregates, AtLeastOnce: pp.Republished > 0}
+	settleCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 45*time.Second)
+	defer cancel()
+	settleStart := time.Now()
+	for {
+		res := e.verifier.Compare(exp, opts)
+		if res.Complete() || settleCtx.Err() != nil {
+			break
+		}
+		view.draw(settleCtx, fmt.Sprintf("stopping: devices are quiet; waiting for the agent to close the last windows (%d of %d correct)",
+			res.Windows.Correct, res.Windows.Expected))
+		sleepCtx(settleCtx, time.Second)
+	}
+	rep.SettleSeconds = time.Since(settleStart).Seconds()
+	st := e.status(settleCtx)
+	code, err := e.agent.Terminate(30 * time.Second)
+	rep.Agent.FinalExitCode = code
+	if err != nil {
+		rep.Failures = append(rep.Failures, err.Error())
+	} else if code != 0 {
+		rep.Failures = append(rep.Failures, fmt.Sprintf("agent exited %d after SIGTERM, want 0", code))
+	}
+	rep.Agent.Usage = e.agent.Usage()
+	if err := e.verifier.WaitDrained(settleCtx); err != nil {
+		rep.Notes = append(rep.Notes, err.Error())
+	}
+	rep.Result = e.verifier.Compare(exp, opts)
+	rep.Faults = fl.Events()
+	finish(rep, e, exp, st, opts.AtLeastOnce, fl)
+	rep.TotalSeconds = time.Since(e.started).Seconds()
+	e.close()
+	if rep.OK() && temp {
+		os.RemoveAll(dir)
+	}
+	fmt.Fprintln(o.Out)
+	return rep, nil
+}
+
+// liveView draws the demo's terminal view.
+type liveView struct {
+	out    io.Writer
+	tty    bool
+	e      *env
+	pub    *sim.Publisher
+	plan   *sim.Plan
+	fl     *faults
+	start  time.Time
+	total  time.Duration
+	faults []scenario.Fault
+
+	lastSent uint64
+	lastAt   time.Time
+}
+
+func (v *liveView) draw(ctx context.Context, banner string) {
+	now := time.Now()
+	el := now.Sub(v.start)
+	pp := v.pub.Progress()
+	rate := 0.0
+	if !v.lastAt.IsZero() {
+		rate = float64(pp.Acked-v.lastSent) / now.Sub(v.lastAt).Seconds()
+	}
+	v.lastSent, v.lastAt = pp.Acked, now
+	offline := 0
+	for _, d := range v.plan.Devices {
+		if d.OfflineUntil > 0 && el >= d.OfflineFrom && el < d.OfflineUntil {
+			offline++
+		}
+	}
+	vp := v.e.verifier.Progress()
+	st := v.e.status(ctx)
+	var b strings.Builder
+	of := ""
+	if v.total > 0 && el <= v.total {
+		of = " of " + clock(v.total)
+	}
+	fmt.Fprintf(&b, "edgeagent demo — %s%s   (Ctrl-C stops; the verifier's summary follows)\n\n", clock(el), of)
+	fmt.Fprintf(&b, "  devices   %d simulated (JSON, CBOR, plain numbers) on the agent's embedded broker; %d offline now, buffering\n", len(v.plan.Devices), offline)
+	fmt.Fprintf(&b, "  readings  %s sent (%.0f/s)", num(int(pp.Acked)), rate)
+	if st != nil {
+		fmt.Fprintf(&b, "   ingested %s   processed %s   lag %.1fs", num(int(st.Ingest.CommittedTotal)), num(int(st.Window.ProcessedTotal)), st.Window.LagSeconds)
+	}
+	fmt.Fprintln(&b)
+	if st != nil {
+		fmt.Fprintf(&b, "  agent     open windows %s   late %d   duplicates %d   dead letters %d\n",
+			num(int(st.Window.OpenWindows)), st.Window.LateTotal, st.Window.DuplicatesTotal, st.Window.DeadLettersTotal)
+		fmt.Fprintf(&b, "  outbox    %s rows, %s, oldest %.1fs\n", num(int(st.Outbox.Rows)), bytesStr(int64(st.Outbox.Bytes)), st.Outbox.OldestAgeSeconds)
+		fmt.Fprintf(&b, "  uplink    %s   reconnects %d   sent %s\n", linkState(st), st.Uplink.ReconnectsTotal, bytesStr(int64(st.Uplink.BytesSentTotal)))
+	} else {
+		fmt.Fprintf(&b, "  agent     (status endpoint not answering)\n")
+	}
+	fmt.Fprintf(&b, "  cloud     %s windows received (%d revised), %s aggregates in %s batches, %s; last %s ago\n",
+		num(vp.Windows), vp.Revised, num(int(vp.Aggregates)), num(int(vp.Messages)), bytesStr(int64(vp.Bytes)), since(vp.LastArrival))
+	if mode := v.e.proxy.Mode().String(); mode != "forward" {
+		fmt.Fprintf(&b, "\n  >>> LINK OUTAGE: the uplink is %s (faultproxy) — aggregates wait in the outbox, then catch up <<<\n", mode)
+	}
+	if banner != "" {
+		fmt.Fprintf(&b, "\n  %s\n", banner)
+	}
+	if v.tty {
+		fmt.Fprint(v.out, "\033[H\033[2J"+b.String())
+		return
+	}
+	// Not a terminal (a log, CI): one line per refresh.
+	line := fmt.Sprintf("[%s] sent %d, cloud windows %d, link %s", clock(el), pp.Acked, vp.Windows, v.e.proxy.Mode())
+	if st != nil {
+		line += fmt.Sprintf(", outbox %d, lag %.1fs", st.Outbox.Rows, st.Window.LagSeconds)
+	}
+	if banner != "" {
+		line += " — " + banner
+	}
+	fmt.Fprintln(v.out, line)
+}
+
+func linkState(st *agentproc.Status) string {
+	if st.Uplink.State == "up" {
+		return "up"
+	}
+	return strings.ToUpper(st.Uplink.State)
+}
+
+func clock(d time.Duration) string {
+	d = d.Round(time.Second)
+	return fmt.Sprintf("%02d:%02d", int(d.Minutes()), int(d.Seconds())%60)
+}
+
+func since(t time.Time) string {
+	if t.IsZero() {
+		return "never"
+	}
+	return time.Since(t).Round(100 * time.Millisecond).String()
+}
+
+// isTerminal reports whether w is a character device (a terminal).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}

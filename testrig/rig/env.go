@@ -1,0 +1,252 @@
+// Package rig runs edgeagent end to end against simulated devices, injected
+// faults and a verifying cloud: scenario runs (edgerig run), the live demo
+// (edgerig demo) and load mode (edgerig load).
+package rig
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/edgeagent/edgeagent/testrig/agentproc"
+	"github.com/edgeagent/edgeagent/testrig/faultproxy"
+	"github.com/edgeagent/edgeagent/testrig/scenario"
+	"github.com/edgeagent/edgeagent/testrig/servers"
+	"github.com/edgeagent/edgeagent/testrig/verify"
+)
+
+// ErrAgent wraps failures of the agent process itself (it does not start,
+// exits, never connects).
+var ErrAgent = errors.New("rig: agent")
+
+// ErrNoAgent is returned when the agent binary does not exist.
+var ErrNoAgent = errors.New("rig: agent binary not found")
+
+// envConfig says which servers a run needs.
+type envConfig struct {
+	dir      string
+	agentBin string
+	agent    scenario.Agent
+	// mqtt and nats are external servers ("" starts in-process ones).
+	mqtt, nats string
+	// mosquitto prefers a persistent mosquitto over mochi (broker
+	// restarts); requireMosquitto makes its absence an error.
+	mosquitto, requireMosquitto bool
+	// embedded makes the agent run its own broker.
+	embedded bool
+	// tmpfsBytes > 0 puts data_dir on a tmpfs of that size (disk_full).
+	tmpfsBytes int64
+	progress   io.Writer
+}
+
+// env is a run's servers, proxy, verifier and agent.
+type env struct {
+	cfg        envConfig
+	dataDir    string
+	brokerURL  string
+	brokerName string
+	broker     servers.Broker // nil when external or embedded
+	mochi      *servers.Mochi // the in-process mochi, when it is the broker
+	nats       *servers.NATS  // nil when external
+	natsURL    string
+	proxy      *faultproxy.Proxy
+	verifier   *verify.Verifier
+	agent      *agentproc.Process
+	statusAddr string
+	configPath string
+	// tmpfs is true when data_dir is a tmpfs the rig mounted; tmpfsNote
+	// says why not when one was wanted.
+	tmpfs     bool
+	tmpfsNote string
+	started   time.Time
+
+	closeOnce sync.Once
+}
+
+func (e *env) logf(format string, a ...any) {
+	if e.cfg.progress != nil {
+		fmt.Fprintf(e.cfg.progress, "[%6.1fs] "+format+"\n", append([]any{time.Since(e.started).Seconds()}, a...)...)
+	}
+}
+
+// newEnv starts the servers and the verifier and writes the agent's
+// config. The agent itself is not started.
+func newEnv(ctx context.Context, cfg envConfig) (_ *env, err error) {
+	if _, err := os.Stat(cfg.agentBin); err != nil {
+		return nil, fmt.Errorf("%w: %s (build it with make build, or pass --agent)", ErrNoAgent, cfg.agentBin)
+	}
+	e := &env{cfg: cfg, started: time.Now(), dataDir: filepath.Join(cfg.dir, "data")}
+	defer func() {
+		if err != nil {
+			e.close()
+		}
+	}()
+	if err := os.MkdirAll(e.dataDir, 0o750); err != nil {
+		return nil, fmt.Errorf("rig: create data dir: %w", err)
+	}
+	if cfg.tmpfsBytes > 0 {
+		e.mountTmpfs(cfg.tmpfsBytes)
+	}
+	switch {
+	case cfg.embedded:
+		addr, err := servers.FreeAddr()
+		if err != nil {
+			return nil, err
+		}
+		e.brokerURL, e.brokerName = "tcp://"+addr, "agent's embedded broker"
+	case cfg.mqtt != "":
+		e.brokerURL, e.brokerName = cfg.mqtt, "external "+cfg.mqtt
+	default:
+		if cfg.mosquitto {
+			m, err := servers.StartMosquitto(filepath.Join(cfg.dir, "mosquitto"))
+			if err == nil {
+				e.broker, e.brokerURL, e.brokerName = m, m.URL(), m.Name()
+				break
+			}
+			if cfg.requireMosquitto {
+				return nil, err
+			}
+			e.logf("mosquitto unavailable (%v); using the in-process mochi broker", err)
+		}
+		m, err := servers.StartMochi("")
+		if err != nil {
+			return nil, err
+		}
+		e.broker, e.mochi, e.brokerURL, e.brokerName = m, m, m.URL(), m.Name()
+		m.CountAcksFrom(ClientID)
+	}
+	natsAddr := ""
+	if cfg.nats != "" {
+		u, err := url.Parse(cfg.nats)
+		if err != nil || u.Host == "" {
+			return nil, fmt.Errorf("rig: --nats %q: want nats://host:port", cfg.nats)
+		}
+		e.natsURL, natsAddr = cfg.nats, u.Host
+	} else {
+		n, err := servers.StartNATS(filepath.Join(cfg.dir, "nats"))
+		if err != nil {
+			return nil, err
+		}
+		e.nats, e.natsURL, natsAddr = n, n.URL(), n.Addr()
+	}
+	sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := servers.CreateStream(sctx, e.natsURL, Stream, []string{Subject}); err != nil {
+		return nil, err
+	}
+	if e.proxy, err = faultproxy.New(natsAddr); err != nil {
+		return nil, err
+	}
+	if e.verifier, err = verify.Start(ctx, verify.Config{URL: e.natsURL, Stream: Stream, Subject: Subject}); err != nil {
+		return nil, err
+	}
+	if e.statusAddr, err = servers.FreeAddr(); err != nil {
+		return nil, err
+	}
+	ac := agentConfig{DataDir: e.dataDir, Broker: e.brokerURL, StatusListen: e.statusAddr,
+		NATS: "nats://" + e.proxy.Addr(), Agent: cfg.agent}
+	if cfg.embedded {
+		ac.Broker, ac.EmbeddedListen = "", e.brokerURL[len("tcp://"):]
+	}
+	e.configPath = filepath.Join(cfg.dir, "agent.yaml")
+	if err := os.WriteFile(e.configPath, []byte(ac.render()), 0o600); err != nil {
+		return nil, fmt.Errorf("rig: write agent config: %w", err)
+	}
+	e.agent = agentproc.New(cfg.agentBin, e.configPath, filepath.Join(cfg.dir, "agent.log"))
+	return e, nil
+}
+
+// mountTmpfs mounts a small tmpfs on data_dir so that disk_full can fill
+// it. Where the machine refuses (not root, no CAP_SYS_ADMIN), it records
+// why and disk_full is skipped.
+func (e *env) mountTmpfs(size int64) {
+	opts := fmt.Sprintf("size=%d,mode=0750", size)
+	if err := syscall.Mount("tmpfs", e.dataDir, "tmpfs", 0, opts); err != nil {
+		e.tmpfsNote = fmt.Sprintf("cannot mount a %d MiB tmpfs for data_dir (%v; needs root or CAP_SYS_ADMIN)", size>>20, err)
+		return
+	}
+	e.tmpfs = true
+}
+
+// startAgent starts the agent and waits until it is connected to its
+// broker (or, embedded, listening), so nothing is published before its
+// persistent session exists.
+func (e *env) startAgent(ctx context.Context, timeout time.Duration) error {
+	if err := e.agent.Start(); err != nil {
+		return fmt.Errorf("%w: %v", ErrAgent, err)
+	}
+	return e.waitAgentReady(ctx, timeout)
+}
+
+func (e *env) waitAgentReady(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		if !e.agent.Running() {
+			return fmt.Errorf("%w: exited during start; log:\n%s", ErrAgent, e.agent.LogTail(3000))
+		}
+		sctx, cancel := context.WithTimeout(ctx, time.Second)
+		st, err := agentproc.FetchStatus(sctx, e.statusAddr)
+		cancel()
+		if err == nil && st.Ingest.Connected {
+			return nil
+		}
+		// Without the status endpoint, the log line ingest writes once it
+		// has subscribed (or the embedded broker listens) says the same.
+		if e.agent.LoggedSinceStart("connected to broker") || e.agent.LoggedSinceStart("embedded broker listening") {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: not connected to the broker within %v; log:\n%s", ErrAgent, timeout, e.agent.LogTail(3000))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond): // the agent has no event to wait on
+		}
+	}
+}
+
+// status reads the agent's status endpoint, nil when unavailable.
+func (e *env) status(ctx context.Context) *agentproc.Status {
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	st, err := agentproc.FetchStatus(sctx, e.statusAddr)
+	if err != nil {
+		return nil
+	}
+	return st
+}
+
+// close stops everything and unmounts the tmpfs. Safe to call twice.
+func (e *env) close() {
+	e.closeOnce.Do(func() {
+		if e.agent != nil && e.agent.Running() {
+			_ = e.agent.Kill()
+		}
+		if e.verifier != nil {
+			e.verifier.Close()
+		}
+		if e.proxy != nil {
+			e.proxy.Close()
+		}
+		if e.broker != nil {
+			e.broker.Close()
+		}
+		if e.nats != nil {
+			e.nats.Close()
+		}
+		if e.tmpfs {
+			if err := syscall.Unmount(e.dataDir, 0); err != nil {
+				_ = syscall.Unmount(e.dataDir, syscall.MNT_DETACH)
+			}
+			e.tmpfs = false
+		}
+	})
+}

@@ -1,0 +1,392 @@
+package rig
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sync/atomic"
+	"time"
+
+	paho "github.com/eclipse/paho.mqtt.golang"
+
+	"github.com/edgeagent/edgeagent/testrig/scenario"
+	"github.com/edgeagent/edgeagent/testrig/sim"
+	"github.com/edgeagent/edgeagent/testrig/truth"
+	"github.com/edgeagent/edgeagent/testrig/verify"
+)
+
+// LoadOptions configure load mode.
+type LoadOptions struct {
+	// Agent is the edgeagent binary.
+	Agent string
+	// Devices is the fleet size (default 10,000).
+	Devices int
+	// Duration is how long the agent is loaded (default 30s).
+	Duration time.Duration
+	// Connections is how many MQTT connections the devices share (default 16).
+	Connections int
+	// MaxRate caps the plan: it holds min(MaxRate, 1.25 × the measured
+	// ceiling) × Duration messages, so an agent faster than that runs out
+	// of plan (reported) rather than of load (default 40,000/s).
+	MaxRate int
+	// CeilingDuration is the length of the bare-subscriber measurement
+	// (default Duration, at most 10s).
+	CeilingDuration time.Duration
+	// MQTT names an external broker; the ceiling is measured on it too.
+	MQTT string
+	Dir  string
+	// Progress receives phase lines; nil discards them.
+	Progress io.Writer
+}
+
+// gateWindow bounds how far publishing may run ahead of the consumer: the
+// same for the ceiling and the agent, so both are measured alike, and far
+// below the broker's in-flight quota, so nothing is dropped.
+const gateWindow = 2_000
+
+// Rate is a count over a time.
+type Rate struct {
+	Count     uint64  `json:"count"`
+	Seconds   float64 `json:"seconds"`
+	PerSecond float64 `json:"per_second"`
+}
+
+func rate(n uint64, d time.Duration) Rate {
+	r := Rate{Count: n, Seconds: d.Seconds()}
+	if d > 0 {
+		r.PerSecond = float64(n) / d.Seconds()
+	}
+	return r
+}
+
+// LoadReport is load mode's outcome.
+type LoadReport struct {
+	Devices     int    `json:"devices"`
+	Connections int    `json:"connections"`
+	Broker      string `json:"broker"`
+	// Ceiling is a bare paho subscriber on the same broker, acking at once.
+	Ceiling Rate `json:"ceiling"`
+	// Offered is what the publishers sent while the agent was loaded.
+	Offered Rate `json:"offered"`
+	// Ingest is the agent's durable ingest (acknowledged after the Bronze
+	// commit), measured by IngestSource.
+	Ingest       Rate   `json:"ingest"`
+	IngestSource string `json:"ingest_source"`
+	// Processed is the window stage's records (status.json), over the same span.
+	Processed *Rate `json:"processed,omitempty"`
+	// Readings is how many messages the agent got in all.
+	Readings      uint64 `json:"readings"`
+	PlanExhausted bool   `json:"plan_exhausted"`
+	// LagP50Ms and LagP99Ms: from a reading's publish to the arrival of
+	// its window in the cloud.
+	LagP50Ms              float64        `json:"lag_p50_ms"`
+	LagP99Ms              float64        `json:"lag_p99_ms"`
+	PeakRSSBytes          int64          `json:"peak_rss_bytes"`
+	CPUSeconds            float64        `json:"cpu_seconds"`
+	CPUSecondsPerMillion  float64        `json:"cpu_seconds_per_million_readings"`
+	UplinkBytes           uint64         `json:"uplink_bytes"`
+	UplinkBytesPerReading float64        `json:"uplink_bytes_per_reading"`
+	Result                *verify.Result `json:"result"`
+	Failures              []string       `json:"failures,omitempty"`
+	Notes                 []string       `json:"notes,omitempty"`
+}
+
+// OK reports whether the load run delivered everything correctly.
+func (l *LoadReport) OK() bool { return len(l.Failures) == 0 }
+
+// WriteJSON writes the report as indented JSON.
+func (l *LoadReport) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(l); err != nil {
+		return fmt.Errorf("rig: write load report: %w", err)
+	}
+	return nil
+}
+
+// WriteTable writes the figures side by side with the ceiling.
+func (l *LoadReport) WriteTable(w io.Writer) {
+	fmt.Fprintf(w, "edgerig load: %s devices on %d connections, broker %s\n", num(l.Devices), l.Connections, l.Broker)
+	pct := 0.0
+	if l.Ceiling.PerSecond > 0 {
+		pct = 100 * l.Ingest.PerSecond / l.Ceiling.PerSecond
+	}
+	fmt.Fprintf(w, "  ceiling (bare paho subscriber)   %10.0f msgs/s  (%s in %.1fs)\n", l.Ceiling.PerSecond, num(int(l.Ceiling.Count)), l.Ceiling.Seconds)
+	fmt.Fprintf(w, "  agent durable ingest             %10.0f msgs/s  (%.0f%% of the ceiling; %s)\n", l.Ingest.PerSecond, pct, l.IngestSource)
+	if l.Processed != nil {
+		fmt.Fprintf(w, "  window stage processed           %10.0f records/s\n", l.Processed.PerSecond)
+	}
+	fmt.Fprintf(w, "  end-to-end lag (publish→cloud)   p50 %s  p99 %s\n", ms(l.LagP50Ms), ms(l.LagP99Ms))
+	fmt.Fprintf(w, "  agent peak RSS                   %s\n", bytesStr(l.PeakRSSBytes))
+	fmt.Fprintf(w, "  agent CPU                        %.1f s per million readings (%.1f s for %s)\n", l.CPUSecondsPerMillion, l.CPUSeconds, num(int(l.Readings)))
+	fmt.Fprintf(w, "  uplink                           %.2f bytes per reading (%s)\n", l.UplinkBytesPerReading, bytesStr(int64(l.UplinkBytes)))
+	if r := l.Result; r != nil {
+		fmt.Fprintf(w, "  verified                         %s windows correct, %d wrong, %d missing, %d extra\n",
+			num(r.Windows.Correct), r.Windows.Wrong, r.Windows.Missing, r.Windows.Extra)
+	}
+	for _, n := range l.Notes {
+		fmt.Fprintf(w, "  note: %s\n", n)
+	}
+	for _, f := range l.Failures {
+		fmt.Fprintf(w, "  FAILURE: %s\n", f)
+	}
+}
+
+// loadScenario is the load fleet: 70% JSON, 20% CBOR, 10% plain-number
+// devices reading every 10s of event time, with enough plan for maxRate.
+func loadScenario(devices int, d time.Duration, maxRate int, connections int, prefix string) *scenario.Scenario {
+	perDevice := max(2, int(int64(maxRate)*int64(d/time.Second)/int64(devices)))
+	interval := 10 * time.Second
+	speed := float64(perDevice) * interval.Seconds() / d.Seconds()
+	nJSON, nCBOR := devices*7/10, devices*2/10
+	nNum := max(0, devices-nJSON-nCBOR)
+	groups := []scenario.DeviceGroup{
+		{Prefix: prefix + "j", Count: max(1, nJSON), Format: scenario.FormatJSON, Interval: interval, Metrics: []string{"temperature", "humidity"}},
+		{Prefix: prefix + "c", Count: max(1, nCBOR), Format: scenario.FormatCBOR, Interval: interval, Metrics: []string{"temperature", "pressure"}},
+	}
+	if nNum > 0 {
+		groups = append(groups, scenario.DeviceGroup{Prefix: prefix + "n", Count: nNum, Format: scenario.FormatNumber, Interval: interval, Metrics: []string{"level"}})
+	}
+	sc := &scenario.Scenario{Name: "load", Seed: 42, Duration: d, Speed: speed, Connections: connections, Devices: groups,
+		SettleTimeout: 2 * time.Minute}
+	sc.Normalize()
+	return sc
+}
+
+// Load runs a sustained load: first a bare subscriber's ceiling on the
+// broker, then the agent under the same publishers for Duration, then a
+// settle until every window arrived; it reports rates, lag and resource use.
+func Load(ctx context.Context, o LoadOptions) (*LoadReport, error) {
+	if o.Devices <= 0 {
+		o.Devices = 10_000
+	}
+	if o.Duration <= 0 {
+		o.Duration = 30 * time.Second
+	}
+	if o.Connections <= 0 {
+		o.Connections = 16
+	}
+	if o.MaxRate <= 0 {
+		o.MaxRate = 40_000
+	}
+	if o.CeilingDuration <= 0 {
+		o.CeilingDuration = min(10*time.Second, o.Duration)
+	}
+	sc := loadScenario(o.Devices, o.Duration, o.MaxRate, o.Connections, "")
+	if err := sc.Validate(); err != nil {
+		return nil, err
+	}
+	dir, temp, err := runDir(o.Dir, "edgerig-load-")
+	if err != nil {
+		return nil, err
+	}
+	e, err := newEnv(ctx, envConfig{dir: dir, agentBin: o.Agent, agent: sc.Agent, mqtt: o.MQTT, progress: o.Progress})
+	if err != nil {
+		removeTemp(dir, temp)
+		return nil, err
+	}
+	defer e.close()
+	lr := &LoadReport{Devices: o.Devices, Connections: o.Connections, Broker: e.brokerName}
+
+	// 1. The ceiling: a bare subscriber that acks at once.
+	cs := loadScenario(o.Devices, o.CeilingDuration, o.MaxRate, o.Connections, "ceil")
+	cplan, err := sim.NewPlan(cs, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	e.logf("ceiling: bare paho subscriber, %s planned messages for %v", num(cplan.Counts().Messages), o.CeilingDuration)
+	ceil, err := measureCeiling(ctx, e.brokerURL, cplan, o.CeilingDuration)
+	if err != nil {
+		return nil, err
+	}
+	lr.Ceiling = ceil
+	e.logf("ceiling: %.0f msgs/s", ceil.PerSecond)
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+
+	// The agent cannot take messages faster than the ceiling (same broker,
+	// same publishers): a plan of a quarter more is enough, and keeps the
+	// rig's memory (about 300 bytes a planned message) in bounds.
+	if r := int(ceil.PerSecond * 1.25); r > 0 && r < o.MaxRate {
+		sc = loadScenario(o.Devices, o.Duration, r, o.Connections, "")
+	}
+
+	// 2. The agent under the same publishers. The ceiling subscriber's
+	// unacknowledged messages were dropped at its disconnect; only drops
+	// from here on count.
+	var dropped0 uint64
+	if e.mochi != nil {
+		dropped0 = e.mochi.Dropped()
+	}
+	if err := e.startAgent(ctx, 30*time.Second); err != nil {
+		return nil, err
+	}
+	plan, err := sim.NewPlan(sc, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	ingested := func() uint64 { return e.mochi.Acks() }
+	lr.IngestSource = "acknowledgements after the Bronze commit, counted at the broker"
+	var committed atomic.Uint64
+	stopPoll := func() {}
+	if e.mochi == nil {
+		// An external broker: the agent's own committed count, polled.
+		lr.IngestSource = "status.json committed_total"
+		pctx, cancel := context.WithCancel(ctx)
+		stopPoll = cancel
+		go func() {
+			for pctx.Err() == nil {
+				if st := e.status(pctx); st != nil {
+					committed.Store(st.Ingest.CommittedTotal)
+				}
+				sleepCtx(pctx, 100*time.Millisecond)
+			}
+		}()
+		ingested = committed.Load
+	}
+	defer stopPoll()
+	runCtx, cancel := context.WithTimeout(ctx, o.Duration)
+	defer cancel()
+	started := make(chan time.Time, 1)
+	pub := sim.NewPublisher(plan, sim.PublisherConfig{Broker: e.brokerURL, ClientPrefix: "edgerig-load", Unpaced: true,
+		Gate: ingested, GateWindow: gateWindow, OnStart: func(t time.Time) { started <- t }})
+	e.logf("agent phase: %s planned messages for %v", num(plan.Counts().Messages), o.Duration)
+	pubErr := make(chan error, 1)
+	go func() { pubErr <- pub.Run(runCtx) }()
+	var t0 time.Time
+	select {
+	case t0 = <-started:
+	case err := <-pubErr:
+		return nil, fmt.Errorf("rig: publisher: %w", err)
+	}
+	in0 := ingested()
+	st0 := e.status(ctx)
+	perr := <-pubErr
+	t1 := time.Now()
+	in1 := ingested()
+	st1 := e.status(ctx)
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	pp := pub.Progress()
+	lr.Offered = rate(pp.Published, t1.Sub(t0))
+	lr.Ingest = rate(in1-in0, t1.Sub(t0))
+	if st0 != nil && st1 != nil {
+		r := rate(st1.Window.ProcessedTotal-st0.Window.ProcessedTotal, t1.Sub(t0))
+		lr.Processed = &r
+	}
+	lr.PlanExhausted = runCtx.Err() == nil
+	if lr.PlanExhausted {
+		lr.Notes = append(lr.Notes, fmt.Sprintf("the plan ran out after %.1fs: the agent is faster than --max-rate; raise it", t1.Sub(t0).Seconds()))
+	}
+	if perr != nil && runCtx.Err() == nil {
+		lr.Failures = append(lr.Failures, fmt.Sprintf("publisher: %v", perr))
+	}
+	if u := pub.Unacked(); u > 0 {
+		lr.Failures = append(lr.Failures, fmt.Sprintf("%d publishes never acknowledged", u))
+	}
+	e.logf("agent phase: offered %.0f msgs/s, ingested %.0f msgs/s; settling", lr.Offered.PerSecond, lr.Ingest.PerSecond)
+
+	// 3. Settle, stop, verify.
+	exp := truth.Compute(plan, pub.Sent(), pub.SentAt(), truthSettings(sc.Agent))
+	opts := verify.CompareOptions{Gateway: Gateway, Aggregates: sc.Agent.Window.Aggregates, AtLeastOnce: pp.Republished > 0}
+	res := waitComplete(ctx, e, exp, opts, sc.SettleTimeout)
+	if !res.Complete() {
+		lr.Failures = append(lr.Failures, fmt.Sprintf("not every window arrived within %v of the end of the load", sc.SettleTimeout))
+	}
+	usage := e.agent.Usage()
+	if code, err := e.agent.Terminate(30 * time.Second); err != nil || code != 0 {
+		lr.Failures = append(lr.Failures, fmt.Sprintf("agent stop: exit %d, %v", code, err))
+	}
+	if u := e.agent.Usage(); u.CPUSeconds > 0 {
+		usage = u
+	}
+	dctx, dcancel := context.WithTimeout(ctx, 15*time.Second)
+	if err := e.verifier.WaitDrained(dctx); err != nil {
+		lr.Notes = append(lr.Notes, err.Error())
+	}
+	dcancel()
+	lr.Result = e.verifier.Compare(exp, opts)
+	if !lr.Result.OK() {
+		lr.Failures = append(lr.Failures, fmt.Sprintf("verifier: %d wrong, %d missing, %d extra windows", lr.Result.Windows.Wrong, lr.Result.Windows.Missing, lr.Result.Windows.Extra))
+	}
+	if e.mochi != nil && e.mochi.Dropped() > dropped0 {
+		lr.Failures = append(lr.Failures, fmt.Sprintf("the broker dropped %d messages", e.mochi.Dropped()-dropped0))
+	}
+	lr.Readings = pp.Acked
+	lr.LagP50Ms, lr.LagP99Ms = lr.Result.Latency.P50Ms, lr.Result.Latency.P99Ms
+	lr.PeakRSSBytes, lr.CPUSeconds = usage.PeakRSSBytes, usage.CPUSeconds
+	lr.UplinkBytes = lr.Result.Delivery.Bytes
+	if lr.Readings > 0 {
+		lr.CPUSecondsPerMillion = usage.CPUSeconds / float64(lr.Readings) * 1e6
+		lr.UplinkBytesPerReading = float64(lr.UplinkBytes) / float64(lr.Readings)
+	}
+	e.close()
+	if lr.OK() && temp {
+		os.RemoveAll(dir)
+	}
+	return lr, nil
+}
+
+// ceilingFilters are the agent's subscriptions as MQTT filters.
+var ceilingFilters = []string{"sensors/+/telemetry", "cbor/+/telemetry", "num/+/+"}
+
+// measureCeiling publishes plan for d against a bare subscriber that acks
+// at once and returns the subscriber's receive rate.
+func measureCeiling(ctx context.Context, broker string, plan *sim.Plan, d time.Duration) (Rate, error) {
+	var n atomic.Uint64
+	subscribed := make(chan error, 1)
+	opts := paho.NewClientOptions().AddBroker(broker).SetClientID(fmt.Sprintf("edgerig-ceiling-%d", time.Now().UnixNano())).
+		SetCleanSession(false).SetOrderMatters(true).SetConnectTimeout(10 * time.Second)
+	count := func(paho.Client, paho.Message) { n.Add(1) }
+	opts.SetDefaultPublishHandler(count)
+	opts.SetOnConnectHandler(func(c paho.Client) {
+		filters := map[string]byte{}
+		for _, f := range ceilingFilters {
+			filters[f] = 1
+		}
+		tok := c.SubscribeMultiple(filters, count)
+		tok.WaitTimeout(10 * time.Second)
+		select {
+		case subscribed <- tok.Error():
+		default:
+		}
+	})
+	c := paho.NewClient(opts)
+	if tok := c.Connect(); !tok.WaitTimeout(15*time.Second) || tok.Error() != nil {
+		return Rate{}, fmt.Errorf("rig: ceiling subscriber connect: %v", tok.Error())
+	}
+	defer func() {
+		// The session is persistent, like the agent's (mochi serves the two
+		// kinds differently); unsubscribe so nothing is queued for it later.
+		c.Unsubscribe(ceilingFilters...).WaitTimeout(5 * time.Second)
+		c.Disconnect(100)
+	}()
+	select {
+	case err := <-subscribed:
+		if err != nil {
+			return Rate{}, fmt.Errorf("rig: ceiling subscriber subscribe: %w", err)
+		}
+	case <-time.After(15 * time.Second):
+		return Rate{}, fmt.Errorf("rig: ceiling subscriber: no subscription within 15s")
+	}
+	runCtx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	started := make(chan time.Time, 1)
+	pub := sim.NewPublisher(plan, sim.PublisherConfig{Broker: broker, ClientPrefix: "edgerig-ceiling-pub", Unpaced: true,
+		Gate: n.Load, GateWindow: gateWindow, OnStart: func(t time.Time) { started <- t }})
+	pubErr := make(chan error, 1)
+	go func() { pubErr <- pub.Run(runCtx) }()
+	var t0 time.Time
+	select {
+	case t0 = <-started:
+	case err := <-pubErr:
+		return Rate{}, fmt.Errorf("rig: ceiling publisher: %w", err)
+	}
+	n0 := n.Load()
+	<-pubErr
+	return rate(n.Load()-n0, time.Since(t0)), nil
+}

@@ -1,0 +1,127 @@
+package rig
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/edgeagent/edgeagent/config"
+	"github.com/edgeagent/edgeagent/testrig/scenario"
+	"github.com/edgeagent/edgeagent/testrig/verify"
+)
+
+// TestAgentConfigIsValid loads what the rig writes with the agent's own
+// config package, for every stock scenario, the demo and load mode.
+func TestAgentConfigIsValid(t *testing.T) {
+	var scs []*scenario.Scenario
+	for _, n := range scenario.Names() {
+		sc, err := scenario.Lookup(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		scs = append(scs, sc)
+	}
+	scs = append(scs, demoScenario(36, 0), loadScenario(100, 10*time.Second, 1000, 4, ""))
+	for _, sc := range scs {
+		for _, embedded := range []bool{false, true} {
+			ac := agentConfig{DataDir: "/tmp/rig-test/data", Broker: "tcp://127.0.0.1:1883", StatusListen: "127.0.0.1:9464",
+				NATS: "nats://127.0.0.1:4222", Agent: sc.Agent}
+			if embedded {
+				ac.Broker, ac.EmbeddedListen = "", "127.0.0.1:1884"
+			}
+			path := filepath.Join(t.TempDir(), "agent.yaml")
+			if err := os.WriteFile(path, []byte(ac.render()), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := config.Load(path)
+			if err != nil {
+				t.Fatalf("%s (embedded %v): the agent refuses the rig's config: %v\n%s", sc.Name, embedded, err, ac.render())
+			}
+			w := cfg.Window
+			if time.Duration(w.Size) != sc.Agent.Window.Size || time.Duration(w.WatermarkDelay) != sc.Agent.Window.WatermarkDelay ||
+				time.Duration(w.AllowedLateness) != sc.Agent.Window.AllowedLateness || time.Duration(w.IdleTimeout) != sc.Agent.Window.IdleTimeout {
+				t.Fatalf("%s: window settings did not survive the round trip: %+v", sc.Name, w)
+			}
+			if int64(cfg.Ingest.MaxPayloadBytes) != int64(sc.Agent.MaxPayloadBytes) || cfg.GatewayID != Gateway {
+				t.Fatalf("%s: ingest or gateway differ", sc.Name)
+			}
+			if embedded != (cfg.MQTT.Broker == "embedded") {
+				t.Fatalf("%s: broker %q, embedded %v", sc.Name, cfg.MQTT.Broker, embedded)
+			}
+		}
+	}
+}
+
+func TestReportTableAndJSON(t *testing.T) {
+	obs := uint64(3)
+	rep := &Report{Mode: "run", Scenario: "steady", Short: true, Verdict: Fail, Broker: "mochi",
+		Failures: []string{"windows: 1 wrong"},
+		Plan:     PlanSummary{Devices: 2, Messages: 12345},
+		Result: &verify.Result{Windows: verify.WindowCounts{Expected: 10, Received: 10, Correct: 9, Wrong: 1},
+			Problems: []string{"wrong a/t@x: count 1, want 2"}},
+		Counters: Counters{Source: "status.json", Mode: "exact", Late: Counter{Expected: 3, Observed: &obs}},
+		Faults:   []FaultEvent{{Kind: "disk_full", AtSeconds: 1, Skipped: "cannot mount"}},
+	}
+	var b bytes.Buffer
+	rep.WriteTable(&b)
+	out := b.String()
+	for _, want := range []string{"edgerig run steady (short): FAIL", "12,345 messages", "wrong 1", "late 3/3",
+		"skipped    disk_full: cannot mount", "FAILURE    windows: 1 wrong", "wrong a/t@x"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	b.Reset()
+	if err := rep.WriteJSON(&b); err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(b.Bytes(), &back); err != nil {
+		t.Fatal(err)
+	}
+	if back.Verdict != Fail || back.Result.Windows.Wrong != 1 || *back.Counters.Late.Observed != 3 {
+		t.Fatalf("JSON round trip lost data: %+v", back)
+	}
+}
+
+func TestCounterModes(t *testing.T) {
+	five := uint64(5)
+	c := Counter{Expected: 4, Observed: &five}
+	if c.ok(false) || !c.ok(true) {
+		t.Fatal("5 observed of 4 expected: wrong when exact, fine at least once")
+	}
+	if !(Counter{Expected: 4}).ok(false) {
+		t.Fatal("an unobserved counter cannot fail a run")
+	}
+}
+
+// TestFillDisk fills a real small tmpfs, where the machine lets us mount
+// one (root); the fault is skipped elsewhere, and so is this test.
+func TestFillDisk(t *testing.T) {
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=4m"); err != nil {
+		t.Skipf("cannot mount a tmpfs here (%v): the disk_full fault is skipped on such machines too", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
+	n, err := fillDisk(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n < 3<<20 {
+		t.Fatalf("filled %d bytes of a 4 MiB filesystem", n)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "more"), make([]byte, 8192), 0o600); err == nil {
+		t.Fatal("a write succeeded on the full filesystem")
+	}
+	if err := os.Remove(filepath.Join(dir, fillName)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "more"), make([]byte, 8192), 0o600); err != nil {
+		t.Fatalf("write after freeing the space: %v", err)
+	}
+}

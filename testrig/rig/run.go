@@ -1,0 +1,307 @@
+package rig
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/edgeagent/edgeagent/testrig/agentproc"
+	"github.com/edgeagent/edgeagent/testrig/scenario"
+	"github.com/edgeagent/edgeagent/testrig/sim"
+	"github.com/edgeagent/edgeagent/testrig/truth"
+	"github.com/edgeagent/edgeagent/testrig/verify"
+)
+
+// Options configure a scenario run.
+type Options struct {
+	// Agent is the edgeagent binary.
+	Agent    string
+	Scenario *scenario.Scenario
+	// Short applies the scenario's short settings (CI).
+	Short bool
+	// Dir is the run directory; "" makes a temporary one, removed after a
+	// passing run unless Keep.
+	Dir  string
+	Keep bool
+	// MQTT and NATS name external servers instead of in-process ones;
+	// faults that restart them are then skipped.
+	MQTT, NATS string
+	// Broker picks the in-process broker: "mochi", "mosquitto", or ""
+	// for mosquitto when the scenario restarts the broker and it is
+	// installed, mochi otherwise.
+	Broker string
+	// Progress receives one line per phase and fault; nil discards them.
+	Progress io.Writer
+}
+
+// tmpfsSize is the data_dir filesystem of runs with a disk_full fault.
+const tmpfsSize = 256 << 20
+
+// Run runs a scenario against the real agent binary and returns its
+// report. An error means the run could not be carried out (a server or the
+// agent did not start); a run that found problems returns a FAIL report.
+func Run(ctx context.Context, o Options) (*Report, error) {
+	sc := o.Scenario
+	if sc == nil {
+		return nil, errors.New("rig: no scenario")
+	}
+	if o.Short {
+		sc = sc.WithShort()
+	}
+	dir, temp, err := runDir(o.Dir, "edgerig-"+sc.Name+"-")
+	if err != nil {
+		return nil, err
+	}
+	cfg := envConfig{dir: dir, agentBin: o.Agent, agent: sc.Agent, mqtt: o.MQTT, nats: o.NATS, progress: o.Progress}
+	for _, f := range sc.Faults {
+		switch f.Kind {
+		case scenario.FaultBrokerRestart, scenario.FaultAgentKill, scenario.FaultAgentRestart:
+			// mosquitto survives its own restart and a session takeover
+			// under load; mochi needs the devices paused for both.
+			cfg.mosquitto = true
+		case scenario.FaultDiskFull:
+			cfg.tmpfsBytes = tmpfsSize
+		}
+	}
+	switch o.Broker {
+	case "":
+	case "mochi":
+		cfg.mosquitto = false
+	case "mosquitto":
+		cfg.mosquitto, cfg.requireMosquitto = true, true
+	default:
+		return nil, fmt.Errorf("rig: broker %q: want mochi or mosquitto", o.Broker)
+	}
+	e, err := newEnv(ctx, cfg)
+	if err != nil {
+		removeTemp(dir, temp)
+		return nil, err
+	}
+	defer e.close()
+	rep, err := run(ctx, e, sc, o)
+	if err != nil {
+		return nil, fmt.Errorf("%w (run directory %s)", err, dir)
+	}
+	rep.RunDir = dir
+	e.close()
+	if rep.OK() && temp && !o.Keep {
+		os.RemoveAll(dir)
+	}
+	return rep, nil
+}
+
+// runDir makes the run directory.
+func runDir(dir, pattern string) (string, bool, error) {
+	if dir == "" {
+		d, err := os.MkdirTemp("", pattern)
+		if err != nil {
+			return "", false, fmt.Errorf("rig: run dir: %w", err)
+		}
+		return d, true, nil
+	}
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return "", false, fmt.Errorf("rig: run dir: %w", err)
+	}
+	return dir, false, nil
+}
+
+// removeTemp removes a temporary run directory of a run that could not
+// start: there is nothing in it to look at.
+func removeTemp(dir string, temp bool) {
+	if temp {
+		os.RemoveAll(dir)
+	}
+}
+
+func run(ctx context.Context, e *env, sc *scenario.Scenario, o Options) (*Report, error) {
+	rep := &Report{Mode: "run", Scenario: sc.Name, Description: sc.Description, Short: o.Short, Broker: e.brokerName}
+	e.logf("scenario %s: %d devices, %v publishing at %gx, broker %s", sc.Name, sc.DeviceCount(), sc.Duration, sc.Speed, e.brokerName)
+	if err := e.startAgent(ctx, 30*time.Second); err != nil {
+		return nil, err
+	}
+	plan, err := sim.NewPlan(sc, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	c := plan.Counts()
+	rep.Plan = PlanSummary{Devices: c.Devices, Messages: c.Messages, Readings: c.Readings, Retries: c.Retries, Dead: c.Dead}
+	e.logf("agent up; publishing %d messages", c.Messages)
+
+	started := make(chan time.Time, 1)
+	pub := sim.NewPublisher(plan, sim.PublisherConfig{
+		Broker: e.brokerURL, ClientPrefix: "edgerig-" + sc.Name,
+		OnStart: func(t time.Time) { started <- t },
+	})
+	fl := &faults{e: e, pub: pub}
+	superCtx, stopSuper := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		fl.supervise(superCtx)
+	}()
+	defer func() {
+		stopSuper()
+		wg.Wait()
+	}()
+	pubErr := make(chan error, 1)
+	go func() { pubErr <- pub.Run(ctx) }()
+	var start time.Time
+	select {
+	case start = <-started:
+	case err := <-pubErr:
+		return nil, fmt.Errorf("rig: publisher: %w", err)
+	}
+	faultsDone := make(chan struct{})
+	go func() {
+		defer close(faultsDone)
+		fl.run(ctx, sc.Faults, sc.Duration, start)
+	}()
+	perr := <-pubErr
+	rep.PublishSeconds = time.Since(start).Seconds()
+	<-faultsDone
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	pp := pub.Progress()
+	rep.Publisher = PublisherSummary{Published: pp.Published, Acked: pp.Acked, Republished: pp.Republished, Unacked: pub.Unacked()}
+	if perr != nil {
+		rep.Failures = append(rep.Failures, fmt.Sprintf("publisher: %v", perr))
+	}
+	e.logf("published %d messages in %.1fs; waiting for the agent to catch up", pp.Acked, rep.PublishSeconds)
+
+	exp := truth.Compute(plan, pub.Sent(), pub.SentAt(), truthSettings(sc.Agent))
+	atLeastOnce := sc.AtLeastOnce() || pp.Republished > 0
+	opts := verify.CompareOptions{Gateway: Gateway, Aggregates: sc.Agent.Window.Aggregates, AtLeastOnce: atLeastOnce}
+	settleStart := time.Now()
+	res := waitComplete(ctx, e, exp, opts, sc.SettleTimeout)
+	rep.SettleSeconds = time.Since(settleStart).Seconds()
+	if !res.Complete() {
+		rep.Failures = append(rep.Failures, fmt.Sprintf("the agent did not deliver every window within settle_timeout %v", sc.SettleTimeout))
+	}
+	// A quiet period: anything still to come (an extra, a late revision)
+	// has time to arrive before the agent is stopped.
+	sleepCtx(ctx, max(time.Second, 3*sc.Agent.TriggerInterval))
+	stopSuper()
+	wg.Wait()
+	st := e.status(ctx)
+	rep.Agent.Usage = e.agent.Usage()
+	if e.agent.Running() {
+		code, err := e.agent.Terminate(30 * time.Second)
+		rep.Agent.FinalExitCode = code
+		if err != nil {
+			rep.Failures = append(rep.Failures, err.Error())
+		} else if code != 0 {
+			rep.Failures = append(rep.Failures, fmt.Sprintf("agent exited %d after SIGTERM, want 0", code))
+		}
+	} else {
+		rep.Failures = append(rep.Failures, "agent was not running at the end of the run")
+	}
+	rep.Agent.Usage = e.agent.Usage()
+	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	if err := e.verifier.WaitDrained(dctx); err != nil {
+		rep.Notes = append(rep.Notes, err.Error())
+	}
+	cancel()
+	rep.Result = e.verifier.Compare(exp, opts)
+	rep.Faults = fl.Events()
+	finish(rep, e, exp, st, atLeastOnce, fl)
+	rep.TotalSeconds = time.Since(e.started).Seconds()
+	e.logf("done: %s", rep.Verdict)
+	return rep, nil
+}
+
+func truthSettings(a scenario.Agent) truth.Settings {
+	return truth.Settings{Size: a.Window.Size, Slide: a.Window.Slide, WatermarkDelay: a.Window.WatermarkDelay, AllowedLateness: a.Window.AllowedLateness}
+}
+
+// waitComplete polls the verifier until every expected window has its
+// final value or timeout passes, and returns the last comparison.
+func waitComplete(ctx context.Context, e *env, exp *truth.Expected, o verify.CompareOptions, timeout time.Duration) *verify.Result {
+	deadline := time.Now().Add(timeout)
+	lastLog := time.Now()
+	for {
+		res := e.verifier.Compare(exp, o)
+		if res.Complete() || time.Now().After(deadline) || ctx.Err() != nil {
+			return res
+		}
+		if time.Since(lastLog) > 5*time.Second {
+			lastLog = time.Now()
+			e.logf("waiting: %d of %d windows correct, %d missing, %d wrong", res.Windows.Correct, res.Windows.Expected, res.Windows.Missing, res.Windows.Wrong)
+		}
+		sleepCtx(ctx, 200*time.Millisecond) // the verifier's state has no event to wait on
+	}
+}
+
+// finish fills the counters, agent summary and verdict.
+func finish(rep *Report, e *env, exp *truth.Expected, st *agentproc.Status, atLeastOnce bool, fl *faults) {
+	// What was sent, which is less than planned when a demo is stopped.
+	rep.Plan.Messages, rep.Plan.Readings, rep.Plan.Dead = int(exp.Messages), int(exp.Readings), int(exp.Dead)
+	rep.Plan.Retries = rep.Plan.Messages - rep.Plan.Readings - rep.Plan.Dead
+	rep.Counters = Counters{Source: "status.json unavailable", Mode: "exact",
+		Late: Counter{Expected: exp.Late}, Duplicates: Counter{Expected: exp.Duplicates}, DeadLetters: Counter{Expected: exp.Dead}}
+	if atLeastOnce {
+		rep.Counters.Mode = "at-least-once"
+	}
+	if st != nil {
+		rep.Counters.Source = "status.json"
+		rep.Counters.Late.Observed = ptr(st.Window.LateTotal)
+		rep.Counters.Duplicates.Observed = ptr(st.Window.DuplicatesTotal)
+		rep.Counters.DeadLetters.Observed = ptr(st.Window.DeadLettersTotal)
+	} else {
+		rep.Notes = append(rep.Notes, "the agent's /status.json was unavailable: late, duplicate and dead-letter counts not compared")
+	}
+	for name, c := range map[string]Counter{"late": rep.Counters.Late, "duplicates": rep.Counters.Duplicates, "dead letters": rep.Counters.DeadLetters} {
+		if !c.ok(atLeastOnce) {
+			rep.Failures = append(rep.Failures, fmt.Sprintf("%s counter %d, expected %d (%s)", name, *c.Observed, c.Expected, rep.Counters.Mode))
+		}
+	}
+	rep.Agent.Starts = e.agent.Starts()
+	rep.Agent.Exits = e.agent.Exits()
+	rep.Agent.Log = e.agent.LogPath()
+	for _, x := range rep.Agent.Exits {
+		if !x.Unexpected {
+			continue
+		}
+		if fl != nil && fl.duringDiskFull(x.At) {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("the agent exited (code %d) while the disk was full and was restarted", x.Code))
+			continue
+		}
+		rep.Agent.UnexpectedExits++
+	}
+	if rep.Agent.UnexpectedExits > 0 {
+		rep.Failures = append(rep.Failures, fmt.Sprintf("the agent exited on its own %d times (see %s)", rep.Agent.UnexpectedExits, rep.Agent.Log))
+	}
+	if rep.Publisher.Unacked > 0 {
+		rep.Failures = append(rep.Failures, fmt.Sprintf("%d publishes never acknowledged: the truth cannot say whether they count", rep.Publisher.Unacked))
+	}
+	if e.mochi != nil {
+		rep.BrokerDropped = e.mochi.Dropped()
+		if rep.BrokerDropped > 0 {
+			rep.Failures = append(rep.Failures, fmt.Sprintf("the broker dropped %d messages before the agent could take them", rep.BrokerDropped))
+		}
+	}
+	for _, f := range rep.Faults {
+		if f.Error != "" {
+			rep.Failures = append(rep.Failures, fmt.Sprintf("fault %s: %s", f.Kind, f.Error))
+		}
+	}
+	if r := rep.Result; r != nil && !r.OK() {
+		w, p := r.Windows, r.PTime
+		rep.Failures = append(rep.Failures, fmt.Sprintf("windows: %d wrong, %d missing, %d extra; ptime series: %d wrong, %d missing, %d extra; %d undecodable batches",
+			w.Wrong, w.Missing, w.Extra, p.Wrong, p.Missing, p.Extra, r.Delivery.DecodeErrors))
+	}
+	slices.Sort(rep.Failures)
+	rep.Failures = slices.Compact(rep.Failures)
+	rep.Verdict = Pass
+	if len(rep.Failures) > 0 {
+		rep.Verdict = Fail
+	}
+}
+
+func ptr(v uint64) *uint64 { return &v }

@@ -1,0 +1,291 @@
+// Package verify is the rig's cloud side: it consumes the agent's uplink
+// from a real NATS JetStream stream, decodes each batch with the documented
+// wire format, upserts the aggregates on (gateway, device, metric, start)
+// keeping the highest revision, and compares the result with the truth.
+package verify
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/edgeagent/edgeagent/uplink/wire"
+)
+
+// ErrConfig wraps configuration errors.
+var ErrConfig = errors.New("verify: invalid config")
+
+// Config configures a Verifier.
+type Config struct {
+	// URL is the NATS server, reached directly (not through a fault proxy).
+	URL     string
+	Stream  string
+	Subject string
+	Logger  *slog.Logger
+	// Clock stamps arrivals; defaults to time.Now.
+	Clock func() time.Time
+}
+
+// WindowID is the receiver's upsert key.
+type WindowID struct {
+	Gateway, Device, Metric string
+	Start                   int64
+}
+
+// arrival is one revision of a window as it arrived.
+type arrival struct {
+	agg wire.Aggregate
+	at  time.Time
+}
+
+// received is the upserted state of one window.
+type received struct {
+	best wire.Aggregate
+	revs []arrival
+}
+
+// Progress is a snapshot of what has arrived.
+type Progress struct {
+	// Messages and Bytes count stream messages and their body bytes.
+	Messages, Bytes uint64
+	// Aggregates counts aggregates in those messages; Windows the distinct
+	// windows after the upsert.
+	Aggregates uint64
+	Windows    int
+	// Revised counts windows whose highest revision is above 1.
+	Revised int
+	// DuplicateAggregates counts aggregates whose idempotency key had
+	// arrived before (a resend JetStream did not deduplicate), and
+	// DuplicateBatches messages whose batch id had.
+	DuplicateAggregates, DuplicateBatches uint64
+	DecodeErrors                          uint64
+	LastSeq                               uint64
+	LastArrival                           time.Time
+}
+
+// Verifier consumes the stream in the background from its first message.
+type Verifier struct {
+	cfg    Config
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+
+	mu       sync.Mutex
+	windows  map[WindowID]*received
+	keys     map[string]bool
+	batches  map[string]bool
+	progress Progress
+	lastErr  string
+}
+
+// Start connects to NATS and starts consuming. The stream must exist.
+func Start(ctx context.Context, cfg Config) (*Verifier, error) {
+	if cfg.URL == "" || cfg.Stream == "" {
+		return nil, fmt.Errorf("%w: URL and Stream are required", ErrConfig)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	// Reconnect for ever: the rig restarts the server under us.
+	nc, err := nats.Connect(cfg.URL, nats.Timeout(5*time.Second), nats.MaxReconnects(-1),
+		nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
+	if err != nil {
+		return nil, fmt.Errorf("verify: connect %s: %w", cfg.URL, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("verify: jetstream: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	v := &Verifier{cfg: cfg, nc: nc, js: js, cancel: cancel,
+		windows: map[WindowID]*received{}, keys: map[string]bool{}, batches: map[string]bool{}}
+	v.wg.Add(1)
+	go func() {
+		defer v.wg.Done()
+		v.consume(ctx)
+	}()
+	return v, nil
+}
+
+// Close stops consuming and disconnects. Safe to call twice.
+func (v *Verifier) Close() error {
+	v.once.Do(func() {
+		v.cancel()
+		v.wg.Wait()
+		v.nc.Close()
+	})
+	return nil
+}
+
+// consume reads the stream with an ordered consumer, recreating it from
+// the next stream sequence whenever it fails (a server restart).
+func (v *Verifier) consume(ctx context.Context) {
+	for ctx.Err() == nil {
+		if err := v.consumeOnce(ctx); err != nil && ctx.Err() == nil {
+			v.setErr(err)
+			v.cfg.Logger.Debug("verify: consumer failed; recreating", "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond): // retry back-off
+			}
+		}
+	}
+}
+
+func (v *Verifier) consumeOnce(ctx context.Context) error {
+	v.mu.Lock()
+	next := v.progress.LastSeq + 1
+	v.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: next}
+	if v.cfg.Subject != "" {
+		cfg.FilterSubjects = []string{v.cfg.Subject}
+	}
+	cons, err := v.js.OrderedConsumer(cctx, v.cfg.Stream, cfg)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("create consumer at %d: %w", next, err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("consume: %w", err)
+	}
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	defer it.Stop()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) && ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("next message: %w", err)
+		}
+		v.handle(msg)
+	}
+}
+
+func (v *Verifier) setErr(err error) {
+	v.mu.Lock()
+	v.lastErr = err.Error()
+	v.mu.Unlock()
+}
+
+func (v *Verifier) handle(msg jetstream.Msg) {
+	meta, err := msg.Metadata()
+	if err != nil {
+		v.setErr(fmt.Errorf("message metadata: %w", err))
+		return
+	}
+	now := v.cfg.Clock()
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	seq := meta.Sequence.Stream
+	if seq <= v.progress.LastSeq {
+		return // redelivered by a consumer reset
+	}
+	v.progress.LastSeq = seq
+	v.progress.LastArrival = now
+	v.progress.Messages++
+	v.progress.Bytes += uint64(len(msg.Data()))
+	b, err := wire.DecodeBatch(msg.Data(), msg.Headers().Get("Content-Encoding"))
+	if err != nil {
+		v.progress.DecodeErrors++
+		v.lastErr = fmt.Sprintf("stream seq %d: %v", seq, err)
+		return
+	}
+	if v.batches[b.Batch] {
+		v.progress.DuplicateBatches++
+	}
+	v.batches[b.Batch] = true
+	for _, a := range b.Aggregates {
+		v.progress.Aggregates++
+		if v.keys[a.Key] {
+			v.progress.DuplicateAggregates++
+		}
+		v.keys[a.Key] = true
+		id := WindowID{b.Gateway, a.Device, a.Metric, a.Start}
+		r := v.windows[id]
+		if r == nil {
+			r = &received{best: a}
+			v.windows[id] = r
+			if a.Rev > 1 {
+				v.progress.Revised++
+			}
+		} else if a.Rev > r.best.Rev {
+			if r.best.Rev <= 1 {
+				v.progress.Revised++
+			}
+			r.best = a
+		}
+		r.revs = append(r.revs, arrival{agg: a, at: now})
+	}
+	v.progress.Windows = len(v.windows)
+}
+
+// Progress reports what has arrived so far.
+func (v *Verifier) Progress() Progress {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.progress
+}
+
+// LastError is the consumer's last error ("" when none), for diagnosis.
+func (v *Verifier) LastError() string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.lastErr
+}
+
+// StreamLastSeq asks the server for the stream's last sequence.
+func (v *Verifier) StreamLastSeq(ctx context.Context) (uint64, error) {
+	st, err := v.js.Stream(ctx, v.cfg.Stream)
+	if err != nil {
+		return 0, fmt.Errorf("verify: stream %s: %w", v.cfg.Stream, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("verify: stream %s info: %w", v.cfg.Stream, err)
+	}
+	return info.State.LastSeq, nil
+}
+
+// WaitDrained returns once everything the stream held when it was called
+// has been consumed, or ctx ends.
+func (v *Verifier) WaitDrained(ctx context.Context) error {
+	var last uint64
+	for {
+		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		seq, err := v.StreamLastSeq(qctx)
+		cancel()
+		if err == nil {
+			last = seq
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("verify: drain: %w (last error: %v)", ctx.Err(), err)
+		case <-time.After(100 * time.Millisecond): // server restarting
+		}
+	}
+	for v.Progress().LastSeq < last {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("verify: drain: consumed %d of %d: %w", v.Progress().LastSeq, last, ctx.Err())
+		case <-time.After(20 * time.Millisecond): // the consumer has no event to wait on
+		}
+	}
+	return nil
+}

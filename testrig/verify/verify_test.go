@@ -1,0 +1,212 @@
+package verify
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/edgeagent/edgeagent/testrig/servers"
+	"github.com/edgeagent/edgeagent/testrig/truth"
+	"github.com/edgeagent/edgeagent/uplink/wire"
+)
+
+const (
+	gw      = "gw"
+	stream  = "EDGE"
+	subject = "edge.gw.aggregates"
+)
+
+var all = []string{"count", "sum", "min", "max", "mean", "first", "last"}
+
+func startNATS(t *testing.T) *servers.NATS {
+	t.Helper()
+	n, err := servers.StartNATS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := servers.CreateStream(ctx, n.URL(), stream, []string{subject}); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func startVerifier(t *testing.T, url string) *Verifier {
+	t.Helper()
+	v, err := Start(context.Background(), Config{URL: url, Stream: stream, Subject: subject})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { v.Close() })
+	return v
+}
+
+// publish sends one batch the way the agent does: CBOR, zstd, Nats-Msg-Id.
+func publish(t *testing.T, url, id string, aggs ...wire.Aggregate) {
+	t.Helper()
+	body, err := wire.EncodeBatch(&wire.Batch{V: wire.Version, Gateway: gw, Batch: id, Aggregates: aggs}, wire.EncodingZstd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := nats.NewMsg(subject)
+	msg.Data = body
+	msg.Header.Set("Content-Type", wire.ContentType)
+	msg.Header.Set("Content-Encoding", wire.EncodingZstd)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// No Nats-Msg-Id here: the test wants resends to reach the stream, as
+	// they do after the duplicate window.
+	if _, err := js.PublishMsg(ctx, msg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func agg(dev, metric string, start int64, rev uint32, vals ...float64) wire.Aggregate {
+	a := wire.Aggregate{Device: dev, Metric: metric, Start: start, End: start + 60_000, Rev: rev,
+		Key: wire.AggregateKey(gw, dev, metric, start, rev)}
+	sum, mn, mx := 0.0, vals[0], vals[0]
+	for _, v := range vals {
+		sum += v
+		mn, mx = min(mn, v), max(mx, v)
+	}
+	a.Count = uint64(len(vals))
+	a.Sum, a.Min, a.Max, a.Mean = wire.F(sum), wire.F(mn), wire.F(mx), wire.F(sum/float64(len(vals)))
+	a.First, a.Last = wire.F(vals[0]), wire.F(vals[len(vals)-1])
+	return a
+}
+
+func window(vals ...float64) *truth.Window {
+	a := agg("x", "x", 0, 1, vals...)
+	return &truth.Window{Count: a.Count, Sum: *a.Sum, Min: *a.Min, Max: *a.Max, First: *a.First, Last: *a.Last}
+}
+
+func waitAggregates(t *testing.T, v *Verifier, n uint64) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for v.Progress().Aggregates < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("verifier saw %d aggregates, want %d (last error %q)", v.Progress().Aggregates, n, v.LastError())
+		}
+		time.Sleep(10 * time.Millisecond) // poll interval
+	}
+}
+
+// TestCompare feeds the verifier a correct window, a revised one, a wrong
+// one, a duplicate delivery and an extra, over a real JetStream stream.
+func TestCompare(t *testing.T) {
+	n := startNATS(t)
+	v := startVerifier(t, n.URL())
+	exp := &truth.Expected{Windows: map[truth.Key]*truth.Window{
+		{Device: "a", Metric: "t", Start: 0}:      window(1, 2),
+		{Device: "a", Metric: "t", Start: 60_000}: window(3, 4, 5),
+		{Device: "b", Metric: "t", Start: 0}:      window(7),
+		{Device: "c", Metric: "t", Start: 0}:      window(9),
+	}, PTime: map[truth.SeriesKey]*truth.Series{}}
+	publish(t, n.URL(), "b1",
+		agg("a", "t", 0, 1, 1, 2),
+		agg("a", "t", 60_000, 1, 3, 4), // first emission, revised below
+		agg("b", "t", 0, 1, 8),         // wrong value
+		agg("z", "t", 0, 1, 1),         // not expected
+	)
+	publish(t, n.URL(), "b2", agg("a", "t", 60_000, 2, 3, 4, 5))
+	publish(t, n.URL(), "b2", agg("a", "t", 60_000, 2, 3, 4, 5)) // a resend past the duplicate window
+	waitAggregates(t, v, 6)
+	r := v.Compare(exp, CompareOptions{Gateway: gw, Aggregates: all})
+	w := r.Windows
+	if w.Expected != 4 || w.Correct != 2 || w.Wrong != 1 || w.Missing != 1 || w.Extra != 1 || w.Revised != 1 {
+		t.Fatalf("windows %+v, want 4 expected, 2 correct, 1 wrong, 1 missing, 1 extra, 1 revised", w)
+	}
+	if r.Delivery.DuplicateAggregates != 1 || r.Delivery.DuplicateBatches != 1 || r.Delivery.Messages != 3 {
+		t.Fatalf("delivery %+v, want 3 messages, 1 duplicate aggregate and batch", r.Delivery)
+	}
+	if r.OK() || r.Complete() {
+		t.Fatal("a wrong and a missing window must fail the comparison")
+	}
+	text := strings.Join(r.Problems, "\n")
+	for _, want := range []string{"wrong b/t", "missing c/t", "extra z/t"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("problems do not mention %q:\n%s", want, text)
+		}
+	}
+}
+
+// TestCompareTolerance: sums that differ in the last bits are equal, a
+// real difference is not.
+func TestCompareTolerance(t *testing.T) {
+	a := agg("a", "t", 0, 1, 0.1, 0.2, 0.3)
+	w := window(0.1, 0.2, 0.3)
+	w.Sum = 0.6 // 0.1+0.2+0.3 is 0.6000000000000001
+	if d := diffWindow(&a, w, CompareOptions{Aggregates: all, Tolerance: DefaultTolerance}); d != "" {
+		t.Fatalf("last-bit difference reported: %s", d)
+	}
+	w.Sum = 0.61
+	if d := diffWindow(&a, w, CompareOptions{Aggregates: all, Tolerance: DefaultTolerance}); !strings.Contains(d, "sum") {
+		t.Fatalf("a real difference not reported: %q", d)
+	}
+	b := agg("a", "t", 0, 1, 1)
+	b.Last = nil
+	if d := diffWindow(&b, window(1), CompareOptions{Aggregates: all, Tolerance: DefaultTolerance}); d != "last absent" {
+		t.Fatalf("a configured aggregate missing from the wire: %q", d)
+	}
+}
+
+// TestPTimeSeries compares processing-time windows as totals, exactly or
+// at least once.
+func TestPTimeSeries(t *testing.T) {
+	n := startNATS(t)
+	v := startVerifier(t, n.URL())
+	p1, p2 := agg("n1", "level", 0, 1, 5, 6), agg("n1", "level", 60_000, 1, 7, 6)
+	p1.ProcTime, p2.ProcTime = true, true
+	publish(t, n.URL(), "p", p1, p2)
+	waitAggregates(t, v, 2)
+	exp := &truth.Expected{Windows: map[truth.Key]*truth.Window{},
+		PTime: map[truth.SeriesKey]*truth.Series{{Device: "n1", Metric: "level"}: {Count: 3, Sum: 18, Min: 5, Max: 7}}}
+	r := v.Compare(exp, CompareOptions{Gateway: gw, Aggregates: all})
+	if r.PTime.Wrong != 1 {
+		t.Fatalf("exact: %+v, want the 4 readings of 3 expected to be wrong", r.PTime)
+	}
+	r = v.Compare(exp, CompareOptions{Gateway: gw, Aggregates: all, AtLeastOnce: true})
+	if r.PTime.Correct != 1 || !r.OK() {
+		t.Fatalf("at least once: %+v, want correct (a reading counted twice)", r.PTime)
+	}
+}
+
+// TestVerifierSurvivesServerRestart restarts NATS between two batches; the
+// consumer picks up after the last message it had.
+func TestVerifierSurvivesServerRestart(t *testing.T) {
+	n := startNATS(t)
+	v := startVerifier(t, n.URL())
+	publish(t, n.URL(), "r1", agg("a", "t", 0, 1, 1))
+	waitAggregates(t, v, 1)
+	if err := n.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	publish(t, n.URL(), "r2", agg("a", "t", 60_000, 1, 2))
+	waitAggregates(t, v, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := v.WaitDrained(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p := v.Progress(); p.Messages != 2 || p.DuplicateAggregates != 0 {
+		t.Fatalf("progress %+v, want 2 messages and no duplicate", p)
+	}
+}
