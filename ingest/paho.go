@@ -3,6 +3,7 @@ package ingest
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -49,6 +50,11 @@ func (p *pahoSource) start(ctx context.Context) error {
 	}
 	if cfg.TLS != nil {
 		opts.SetTLSConfig(cfg.TLS)
+	}
+	if u, err := url.Parse(cfg.Broker); err == nil {
+		if dial, ok := bufferedDial(u.Scheme); ok {
+			opts.SetCustomOpenConnectionFn(dial)
+		}
 	}
 	handler := func(_ paho.Client, m paho.Message) {
 		rec := p.in.classify(m.Topic(), m.Qos(), m.Retained(), m.Duplicate(), m.Payload())

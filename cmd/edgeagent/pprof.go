@@ -1,0 +1,19 @@
+//go:build pprof
+
+package main
+
+// Built with -tags pprof, the agent serves net/http/pprof on
+// $EDGEAGENT_PPROF (e.g. 127.0.0.1:6060) for profiling under load. Release
+// builds leave it out.
+
+import (
+	"net/http"
+	_ "net/http/pprof"
+	"os"
+)
+
+func init() {
+	if addr := os.Getenv("EDGEAGENT_PPROF"); addr != "" {
+		go http.ListenAndServe(addr, nil)
+	}
+}
