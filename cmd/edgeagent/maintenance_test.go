@@ -1,0 +1,135 @@
+package main
+
+import (
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgeagent/edgeagent/testrig/mqtttest"
+	"github.com/edgeagent/edgeagent/testrig/natstest"
+	"github.com/edgeagent/edgeagent/uplink/wire"
+)
+
+// replay after a config fix turns dead letters into data and re-sends
+// windows as higher revisions; a window-size change is refused until
+// reset-state, after which the run rebuilds correct windows from Bronze.
+func TestReplayAndResetState(t *testing.T) {
+	nats := natstest.Start(t)
+	dir := t.TempDir()
+	mqttAddr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+	config := func(metrics, size string) string {
+		return writeConfig(t, dir, fmt.Sprintf(`
+gateway_id: maint-gw
+data_dir: %s/data
+mqtt:
+  broker: embedded
+  embedded: {listen: "%s"}
+  subscriptions:
+    - topic: "sensors/{device}/telemetry"
+status: {listen: ""}
+readings: {metrics: [%s]}
+window: {size: %s, watermark_delay: 0s, allowed_lateness: 0s, idle_timeout: 1h}
+processing: {trigger_interval: 100ms}
+uplink:
+  nats: {url: "%s", subject: "edge.{gateway_id}.aggregates", stream: EDGE, create_stream: true}
+`, dir, mqttAddr, metrics, size, nats.URL()))
+	}
+	type key struct {
+		metric     string
+		start, end int64
+	}
+	// latest upserts the stream by window identity, keeping the highest rev.
+	latest := func() map[key]wire.Aggregate {
+		got := map[key]wire.Aggregate{}
+		for _, m := range natstest.StreamMessages(t, nats.URL(), "EDGE") {
+			b, err := wire.DecodeBatch(m.Data, m.Header.Get("Content-Encoding"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, a := range b.Aggregates {
+				k := key{a.Metric, a.Start, a.End}
+				if a.Rev > got[k].Rev {
+					got[k] = a
+				}
+			}
+		}
+		return got
+	}
+	base := time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC).UnixMilli()
+
+	cfgPath := config("temperature", "1m")
+	p := startAgent(t, "run", "-c", cfgPath)
+	p.waitLog(t, "embedded broker listening")
+	pub := mqtttest.NewPublisher(t, "tcp://"+mqttAddr, "d1")
+	for m := 0; m < 4; m++ {
+		for i := 0; i < 3; i++ {
+			pub.Publish(t, "sensors/d1/telemetry", 1, fmt.Appendf(nil, `{"id":"%d-%d","ts":%d,"temperature":%d}`, m, i, base+int64(m)*60_000+int64(i)*1000, 10*m+i))
+		}
+	}
+	// Only "temp": no configured metric, so a dead letter until the fix.
+	pub.Publish(t, "sensors/d1/telemetry", 1, fmt.Appendf(nil, `{"id":"t","ts":%d,"temp":99}`, base+30_000))
+	pub.Publish(t, "sensors/d1/telemetry", 1, fmt.Appendf(nil, `{"id":"close","ts":%d,"temperature":0}`, base+5*60_000))
+	mqtttest.WaitFor(t, 30*time.Second, "four one-minute windows", func() bool { return len(latest()) >= 4 })
+	p.stop(t)
+	before := latest()
+	if a := before[key{"temperature", base, base + 60_000}]; a.Count != 3 || *a.Sum != 3 {
+		t.Fatalf("minute 0 before replay: %+v", a)
+	}
+
+	// Fix the config, replay the range, run: the dead letter now counts and
+	// every window comes again with a higher revision.
+	cfgPath = config("temperature, temp", "1m")
+	out, err := exec.Command(agentBin, "replay", "-c", cfgPath, "--from", time.UnixMilli(base).UTC().Format(time.RFC3339), "--to", time.UnixMilli(base+4*60_000).UTC().Format(time.RFC3339)).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "Replayed") {
+		t.Fatalf("replay: %v\n%s", err, out)
+	}
+	p = startAgent(t, "run", "-c", cfgPath)
+	mqtttest.WaitFor(t, 30*time.Second, "replayed revisions in the stream", func() bool {
+		a, ok := latest()[key{"temp", base, base + 60_000}]
+		return ok && a.Count == 1
+	})
+	p.stop(t)
+	after := latest()
+	for k, old := range before {
+		if a := after[k]; a.Rev <= old.Rev || a.Count != old.Count || *a.Sum != *old.Sum {
+			t.Errorf("window %v after replay: rev %d (was %d), count %d sum %v (were %d %v)", k, a.Rev, old.Rev, a.Count, *a.Sum, old.Count, *old.Sum)
+		}
+	}
+
+	// A window-size change is refused, with the recovery command named.
+	cfgPath = config("temperature, temp", "2m")
+	out, err = exec.Command(agentBin, "run", "-c", cfgPath).CombinedOutput()
+	if exitCode(err) != exitFail || !strings.Contains(string(out), "window.size changed") || !strings.Contains(string(out), "edgeagent reset-state -c") {
+		t.Fatalf("run after a window-size change: %v\n%s", err, out)
+	}
+	if out, err := exec.Command(agentBin, "reset-state", "-c", cfgPath).CombinedOutput(); exitCode(err) != exitUsage || !strings.Contains(string(out), "--yes") {
+		t.Fatalf("reset-state without --yes: %v\n%s", err, out)
+	}
+	if out, err := exec.Command(agentBin, "reset-state", "-c", cfgPath, "--yes").CombinedOutput(); err != nil {
+		t.Fatalf("reset-state: %v\n%s", err, out)
+	}
+	p = startAgent(t, "run", "-c", cfgPath)
+	want := map[int64]float64{0: 6, 2: 6} // two-minute windows [0,2) and [2,4), three readings a minute
+	mqtttest.WaitFor(t, 30*time.Second, "two-minute windows after reset", func() bool {
+		got := latest()
+		for m, n := range want {
+			a, ok := got[key{"temperature", base + m*60_000, base + (m+2)*60_000}]
+			if !ok || float64(a.Count) != n {
+				return false
+			}
+		}
+		return true
+	})
+	p.stop(t)
+	maxOld := uint32(0)
+	for _, a := range after {
+		maxOld = max(maxOld, a.Rev)
+	}
+	for m := range want {
+		if a := latest()[key{"temperature", base + m*60_000, base + (m+2)*60_000}]; a.Rev <= maxOld || *a.Sum != float64(60*m+36) {
+			t.Errorf("2m window at minute %d: rev %d (must exceed %d), sum %v", m, a.Rev, maxOld, *a.Sum)
+		}
+	}
+}
