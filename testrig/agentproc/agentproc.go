@@ -93,9 +93,13 @@ func (p *Process) Start() error {
 			e.Signal = ws.Signal().String()
 		}
 		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-			// Rusage is exact at exit; /proc sampling may have missed the end.
+			// Rusage CPU is exact at exit; /proc sampling may have missed
+			// the end. Its Maxrss is not used: Go starts children with
+			// CLONE_VM, so a child's ru_maxrss counts the rig's own memory
+			// at the fork (hundreds of MiB in load mode). Peak RSS comes
+			// from the child's VmHWM, sampled while it runs and just before
+			// it is stopped.
 			p.cpu += tvSec(ru.Utime) + tvSec(ru.Stime)
-			p.hwm = max(p.hwm, ru.Maxrss*1024)
 		} else {
 			p.cpu += p.lastCPU
 		}
