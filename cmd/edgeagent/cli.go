@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"runtime"
 	"runtime/debug"
 	"sort"
@@ -135,7 +136,12 @@ const defaultConfigPath = "/etc/edgeagent/config.yaml"
 
 // loadConfig loads the file and prints every error when it is invalid.
 func loadConfig(e *env, path string) (*config.Config, int) {
-	cfg, err := config.Load(path)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		e.errorf("read config %s: %v", path, err)
+		return nil, exitConfig
+	}
+	cfg, err := config.Parse(path, data, configEnv())
 	if err != nil {
 		var errs *config.Errors
 		if errors.As(err, &errs) {

@@ -305,3 +305,30 @@ status:
 	mqtttest.WaitFor(t, 30*time.Second, "/readyz 200 after reconnect", func() bool { return readyz() == 200 })
 	p.stop(t)
 }
+
+// The commands a technician runs read the service's environment file, so a
+// fleet config with ${GATEWAY_ID} checks the same way the service runs it.
+func TestConfigVariablesFromEnvironmentFile(t *testing.T) {
+	dir := t.TempDir()
+	cfg := writeConfig(t, dir, "gateway_id: ${GATEWAY_ID}\nmqtt:\n  subscriptions:\n    - topic: sensors/{device}/telemetry\n")
+	envFile := filepath.Join(dir, "edgeagent.env")
+	if err := os.WriteFile(envFile, []byte("# provisioning\nGATEWAY_ID=\"gw-0042\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(agentBin, "config", "check", "-c", cfg)
+	cmd.Env = append(os.Environ(), "EDGEAGENT_ENV_FILE="+envFile)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "gateway_id: gw-0042") {
+		t.Fatalf("config check with the environment file: %v\n%s", err, out)
+	}
+	cmd = exec.Command(agentBin, "config", "check", "-c", cfg)
+	cmd.Env = append(os.Environ(), "EDGEAGENT_ENV_FILE="+envFile, "GATEWAY_ID=gw-from-shell")
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "gateway_id: gw-from-shell") {
+		t.Fatalf("the process environment must win: %v\n%s", err, out)
+	}
+	cmd = exec.Command(agentBin, "config", "check", "-c", cfg)
+	cmd.Env = append(os.Environ(), "EDGEAGENT_ENV_FILE=")
+	if out, err := cmd.CombinedOutput(); exitCode(err) != exitConfig || !strings.Contains(string(out), "GATEWAY_ID") {
+		t.Fatalf("an unset variable must be an error naming it: %v\n%s", err, out)
+	}
+}

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"os"
+	"strings"
+)
+
+// defaultEnvFile is the service's EnvironmentFile: systemd gives its
+// variables to the agent, so the commands a technician runs by hand read it
+// too, and a fleet config with ${GATEWAY_ID} checks and inspects the same
+// way it runs. EDGEAGENT_ENV_FILE names another file ("" for none).
+const defaultEnvFile = "/etc/default/edgeagent"
+
+// configEnv looks a variable up in the process environment first, then in
+// the environment file (NAME=value lines, # comments, optional quotes, as
+// systemd reads them). An unreadable file (not root) is skipped.
+func configEnv() func(string) (string, bool) {
+	path, set := os.LookupEnv("EDGEAGENT_ENV_FILE")
+	if !set {
+		path = defaultEnvFile
+	}
+	var file map[string]string
+	if path != "" {
+		if data, err := os.ReadFile(path); err == nil {
+			file = parseEnvFile(data)
+		}
+	}
+	return func(name string) (string, bool) {
+		if v, ok := os.LookupEnv(name); ok {
+			return v, true
+		}
+		v, ok := file[name]
+		return v, ok
+	}
+}
+
+func parseEnvFile(data []byte) map[string]string {
+	out := map[string]string{}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line[0] == '#' || line[0] == ';' {
+			continue
+		}
+		line = strings.TrimPrefix(line, "export ")
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			continue
+		}
+		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
+		if len(v) >= 2 && (v[0] == '"' && v[len(v)-1] == '"' || v[0] == '\'' && v[len(v)-1] == '\'') {
+			v = v[1 : len(v)-1]
+		}
+		out[k] = v
+	}
+	return out
+}
