@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -154,7 +155,7 @@ func (b *Bronze) Append(recs []Record) error {
 			add += int64(8 + recs[i].EncodedSize())
 		}
 		if b.opts.MaxBytes > 0 && bytes+add > b.opts.MaxBytes {
-			n, freed, err := b.trimTx(tx, b.checkpoint.Load(), 0, bytes+add-b.opts.MaxBytes)
+			n, freed, err := b.trimTx(tx, b.checkpoint.Load(), 0, bytes+add-b.opts.MaxBytes, math.MaxInt)
 			if err != nil {
 				return err
 			}
@@ -303,16 +304,12 @@ func (b *Bronze) Trim(limit int) (deleted int, err error) {
 
 // trimTx deletes records from the oldest while they are checkpointed and
 // either received before cutoff (unix ns) or needed to free over bytes.
-func (b *Bronze) trimTx(tx *bolt.Tx, checkpoint uint64, cutoff, over int64, limit ...int) (int, int64, error) {
-	lim := 1 << 30
-	if len(limit) > 0 {
-		lim = limit[0]
-	}
+func (b *Bronze) trimTx(tx *bolt.Tx, checkpoint uint64, cutoff, over int64, limit int) (int, int64, error) {
 	log := tx.Bucket(bucketLog)
 	c := log.Cursor()
 	var n int
 	var freed int64
-	for k, v := c.First(); k != nil && n < lim; k, v = c.First() {
+	for k, v := c.First(); k != nil && n < limit; k, v = c.First() {
 		seq := binary.BigEndian.Uint64(k)
 		if seq > checkpoint {
 			break

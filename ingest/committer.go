@@ -64,8 +64,11 @@ type Stats struct {
 	LastCommitNano atomic.Int64  // latency of the last commit
 	Ticks          atomic.Uint64
 	Full           atomic.Bool // Bronze refused for lack of room
-	Connected      atomic.Bool
-	Reconnects     atomic.Uint64
+	// CommitFailing is set while commits fail for another reason (disk
+	// full, I/O error) and cleared by the next successful commit.
+	CommitFailing atomic.Bool
+	Connected     atomic.Bool
+	Reconnects    atomic.Uint64
 
 	mu       sync.Mutex
 	rejected map[string]uint64
@@ -191,7 +194,7 @@ func (c *committer) commit(ctx context.Context, batch []pending, recs []buffer.R
 			if c.stats.Full.Swap(false) {
 				c.log.Info("bronze has room again; acknowledging resumes")
 			}
-			if delay > 0 {
+			if c.stats.CommitFailing.Swap(false) {
 				c.log.Info("bronze commit recovered", "records", len(batch))
 				c.stats.setErr(nil)
 			}
@@ -210,6 +213,7 @@ func (c *committer) commit(ctx context.Context, batch []pending, recs []buffer.R
 				c.log.Warn("bronze is full of unprocessed records; holding acknowledgements so the broker keeps queueing")
 			}
 		} else {
+			c.stats.CommitFailing.Store(true)
 			// Logged on every retry, but the delay doubles up to its cap, so a
 			// long failure logs about once per backoff.max.
 			c.log.Error("bronze commit failed; not acknowledging, will retry", "records", len(batch), "retry_in", delay, "err", err)

@@ -180,6 +180,9 @@ func TestCommitFailureHoldsAcks(t *testing.T) {
 	if len(messagesIn(t, b)) != 0 {
 		t.Fatal("a failed commit left records in bronze")
 	}
+	if !in.Stats().CommitFailing.Load() {
+		t.Error("CommitFailing not set while commits fail")
+	}
 	if !strings.Contains(logs.String(), "bronze commit failed") || !strings.Contains(logs.String(), "no space left on device") {
 		t.Fatalf("the failure was not logged clearly:\n%s", logs.String())
 	}
@@ -187,6 +190,9 @@ func TestCommitFailureHoldsAcks(t *testing.T) {
 	waitForMessages(t, b, want)
 	// Acks follow the commit that stored the messages.
 	mqtttest.WaitFor(t, 10*time.Second, "all messages acknowledged", func() bool { return in.Stats().Acked.Load() >= uint64(len(want)) })
+	if in.Stats().CommitFailing.Load() || in.Stats().LastError() != "" {
+		t.Errorf("commit failure not cleared after recovery: %q", in.Stats().LastError())
+	}
 }
 
 // Bronze full of unprocessed records: ingest holds acknowledgements (the

@@ -34,22 +34,11 @@ func (s *statusSource) Ready() (bool, string) {
 	if st.Full.Load() {
 		return false, "Bronze is full of unprocessed records"
 	}
-	if err := st.LastError(); err != "" && st.CommitFailures.Load() > 0 && st.Committed.Load() == 0 {
-		return false, "Bronze is not writable: " + err
-	}
-	if err := st.LastError(); err != "" && st.Full.Load() == false && isCommitError(err) {
-		return false, "the last Bronze commit failed: " + err
+	if st.CommitFailing.Load() {
+		return false, "Bronze commits are failing: " + st.LastError()
 	}
 	return true, ""
 }
-
-// isCommitError reports whether ingest's last error came from a commit
-// (rather than the broker connection, which Connected already covers).
-func isCommitError(msg string) bool {
-	return len(msg) > 0 && !hasPrefix(msg, "broker connection lost")
-}
-
-func hasPrefix(s, p string) bool { return len(s) >= len(p) && s[:len(p)] == p }
 
 func (s *statusSource) Snapshot() status.Snapshot {
 	a := s.a
@@ -113,7 +102,7 @@ func (s *statusSource) Snapshot() status.Snapshot {
 	}
 
 	snap.Outbox.MaxBytes = int64(a.cfg.Storage.OutboxMaxBytes)
-	_ = a.State.View(func(tx *bolt.Tx) error {
+	err := a.State.View(func(tx *bolt.Tx) error {
 		st, err := outbox.ReadStats(tx)
 		if err != nil {
 			return err
@@ -133,6 +122,9 @@ func (s *statusSource) Snapshot() status.Snapshot {
 		}
 		return err
 	})
+	if err != nil {
+		a.log.Warn("status: read the outbox and dead letters", "err", err)
+	}
 
 	snap.Uplink = status.Uplink{Transport: a.cfg.Uplink.Transport(), State: "disabled"}
 	if a.Uplink != nil {
