@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/edgeagent/edgeagent/buffer"
+	"github.com/edgeagent/edgeagent/internal/decsum"
 	"github.com/edgeagent/edgeagent/internal/topic"
 	"github.com/edgeagent/edgeagent/uplink/wire"
 )
@@ -617,8 +618,10 @@ func (e *engine) aggregate(w *window, rev uint32) wire.Aggregate {
 		Count: w.count, Rev: rev, ProcTime: w.ptime,
 		Key: wire.AggregateKey(e.cfg.Gateway, ser.dev.name, ser.name, w.start, rev),
 	}
+	// The sum and mean of decimal readings, exactly (internal/decsum).
+	sum, mean := decsum.Snap(w.sum, w.count, w.min, w.max)
 	if e.aggs.sum {
-		a.Sum = wire.F(w.sum)
+		a.Sum = wire.F(sum)
 	}
 	if e.aggs.min {
 		a.Min = wire.F(w.min)
@@ -627,7 +630,7 @@ func (e *engine) aggregate(w *window, rev uint32) wire.Aggregate {
 		a.Max = wire.F(w.max)
 	}
 	if e.aggs.mean {
-		a.Mean = wire.F(w.sum / float64(w.count))
+		a.Mean = wire.F(mean)
 	}
 	if e.aggs.first {
 		a.First = wire.F(w.first)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgeagent/edgeagent/internal/decsum"
 	"github.com/edgeagent/edgeagent/testrig/scenario"
 	"github.com/edgeagent/edgeagent/testrig/sim"
 	"github.com/edgeagent/edgeagent/testrig/truth"
@@ -93,10 +94,12 @@ func steadyAggregates(tb testing.TB, devices int, span time.Duration) []wire.Agg
 			if k.start < from || k.start+sizeMs > to {
 				continue
 			}
-			mean := tw.Mean()
+			// The window stage snaps the plain sum (truth's, summed in the
+			// same order) to the decimal it stands for.
+			sum, mean := decsum.Snap(tw.Sum, tw.Count, tw.Min, tw.Max)
 			out = append(out, wire.Aggregate{
 				Device: dev, Metric: k.metric, Start: k.start, End: k.start + sizeMs, Count: tw.Count,
-				Sum: wire.F(tw.Sum), Min: wire.F(tw.Min), Max: wire.F(tw.Max), Mean: wire.F(mean),
+				Sum: wire.F(sum), Min: wire.F(tw.Min), Max: wire.F(tw.Max), Mean: wire.F(mean),
 				First: wire.F(tw.First), Last: wire.F(tw.Last),
 				Rev: 1, Key: wire.AggregateKey(rigGateway, dev, k.metric, k.start, 1), ProcTime: ptime,
 			})

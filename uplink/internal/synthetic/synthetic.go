@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand"
 
+	"github.com/edgeagent/edgeagent/internal/decsum"
 	"github.com/edgeagent/edgeagent/uplink/wire"
 )
 
@@ -66,8 +67,8 @@ func New(gateway string, devices int, seed int64) *Generator {
 func Device(i int) string { return fmt.Sprintf("dev-%04d", i) }
 
 // Next fills a with the next aggregate, computed from PerWindow simulated
-// readings the way a window stage accumulates them (a plain float64 sum, so
-// sums and means carry the usual rounding noise).
+// readings the way the window stage accumulates them: a plain float64 sum,
+// snapped at emission to the decimal it stands for (internal/decsum).
 func (g *Generator) Next(a *wire.Aggregate) {
 	mm := g.Metrics[g.metr]
 	i := g.dev*len(g.Metrics) + g.metr
@@ -82,13 +83,14 @@ func (g *Generator) Next(a *wire.Aggregate) {
 		lo, hi, last = math.Min(lo, v), math.Max(hi, v), v
 		sum += v
 	}
+	sum, mean := decsum.Snap(sum, uint64(g.PerWindow), lo, hi)
 	start := g.Start + int64(g.w)*g.Window
 	dev := Device(g.dev)
 	*a = wire.Aggregate{
 		Device: dev, Metric: mm.Name, Start: start, End: start + g.Window,
 		Count: uint64(g.PerWindow),
 		Sum:   wire.F(sum), Min: wire.F(lo), Max: wire.F(hi),
-		Mean: wire.F(sum / float64(g.PerWindow)), First: wire.F(first), Last: wire.F(last),
+		Mean: wire.F(mean), First: wire.F(first), Last: wire.F(last),
 		Rev: 1, Key: wire.AggregateKey(g.Gateway, dev, mm.Name, start, 1),
 	}
 	if g.metr++; g.metr == len(g.Metrics) {
