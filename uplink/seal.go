@@ -186,6 +186,9 @@ func (u *Uplink) buildAll(bs []batchBuilder) ([]sealed, error) {
 // numbers its rows from 1 again) cannot reuse the id of a different batch
 // inside the stream's duplicate window. Equal rows give an equal id.
 func (u *Uplink) build(b *batchBuilder) (sealed, error) {
+	// The body's order, which depends on the rows only: the id below and
+	// the body are the same whenever the same rows are sealed.
+	wire.SortAggregates(b.aggs)
 	h := sha256.New()
 	var n [binary.MaxVarintLen64]byte
 	for _, list := range [][][]byte{b.aggs, b.alerts} {

@@ -3,6 +3,7 @@ package wire_test
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -50,7 +51,8 @@ const wirePerBatch = 500
 //   - synthetic: uplink/internal/synthetic, 1000 devices × 4 metrics at a
 //     reading a second.
 //
-// Batches are the emission order cut every 500 aggregates.
+// Batches are the emission order cut every 500 aggregates, each then put
+// in its wire order (wire.SortAggregates) as the sealer does.
 func BenchmarkWireSize(b *testing.B) {
 	sets := []struct {
 		name, gateway string
@@ -75,7 +77,7 @@ func benchWireSize(b *testing.B, name, gateway string, aggs []wire.Aggregate) {
 	var jsonBytes, rowBytes int
 	var readings uint64
 	for i := 0; i < len(aggs); i += wirePerBatch {
-		part := aggs[i : i+wirePerBatch]
+		part := slices.Clone(aggs[i : i+wirePerBatch])
 		bt := batch{id: fmt.Sprintf("%s-%d-%d-0123456789abcdef", gateway, i+1, i+wirePerBatch)}
 		jb := jsonBatch{V: wire.Version, Gateway: gateway, Batch: bt.id}
 		for k := range part {
@@ -90,6 +92,8 @@ func benchWireSize(b *testing.B, name, gateway string, aggs []wire.Aggregate) {
 			jb.Aggregates = append(jb.Aggregates, jsonAggregate{a.Device, a.Metric, a.Start, a.End, a.Count,
 				a.Sum, a.Min, a.Max, a.Mean, a.First, a.Last, a.Rev, a.Key, a.ProcTime})
 		}
+		// The batch's order, as the sealer makes it (uplink/seal.go).
+		wire.SortAggregates(bt.rows)
 		j, err := json.Marshal(jb)
 		if err != nil {
 			b.Fatal(err)
