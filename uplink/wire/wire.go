@@ -43,27 +43,32 @@ type Batch struct {
 //
 // The optional aggregates are pointers: a key is absent from the map when the
 // gateway's window.aggregates does not configure it.
+//
+// The field order is the order of the keys in the encoded map, chosen for
+// compression (measured in BenchmarkWireSize): the key string right after
+// the device it repeats, then what is constant within a batch, then the
+// float figures.
 type Aggregate struct {
 	Device string `cbor:"device"`
+	// Key is the idempotency key: gateway/device/metric/start/rev.
+	Key    string `cbor:"key"`
 	Metric string `cbor:"metric"`
 	// Start and End are the window bounds in Unix milliseconds, [start, end).
-	Start int64    `cbor:"start"`
-	End   int64    `cbor:"end"`
-	Count uint64   `cbor:"count"`
-	Sum   *float64 `cbor:"sum,omitempty"`
-	Min   *float64 `cbor:"min,omitempty"`
-	Max   *float64 `cbor:"max,omitempty"`
-	Mean  *float64 `cbor:"mean,omitempty"`
-	First *float64 `cbor:"first,omitempty"`
-	Last  *float64 `cbor:"last,omitempty"`
+	Start int64 `cbor:"start"`
+	End   int64 `cbor:"end"`
 	// Rev is the revision: 1 for the first emission of a window, higher for
 	// each update by late data or a replay.
-	Rev uint32 `cbor:"rev"`
-	// Key is the idempotency key: gateway/device/metric/start/rev.
-	Key string `cbor:"key"`
+	Rev   uint32 `cbor:"rev"`
+	Count uint64 `cbor:"count"`
 	// ProcTime is true when at least one reading had no event time and was
 	// windowed by its received-at (processing time) instead.
-	ProcTime bool `cbor:"ptime,omitempty"`
+	ProcTime bool     `cbor:"ptime,omitempty"`
+	Min      *float64 `cbor:"min,omitempty"`
+	First    *float64 `cbor:"first,omitempty"`
+	Last     *float64 `cbor:"last,omitempty"`
+	Max      *float64 `cbor:"max,omitempty"`
+	Mean     *float64 `cbor:"mean,omitempty"`
+	Sum      *float64 `cbor:"sum,omitempty"`
 }
 
 // Alert is one alert transition.
@@ -93,12 +98,16 @@ var ErrDecode = errors.New("wire: decode")
 
 var (
 	encMode = func() cbor.EncMode {
-		// Shortest floats: 21.5 travels as a 3-byte half float, not 9 bytes.
+		// Floats always as 9-byte doubles, not in their shortest form
+		// (21.5 would fit a 3-byte half float): every row of a metric then
+		// has one layout, which zstd matches better than it loses on the
+		// few short floats — measured on the rig's steady data 1.7 % fewer
+		// bytes with zstd, 0.7 % more without (BenchmarkWireSize).
 		// Keys keep the struct order (SortNone) so the byte form is fixed by
 		// this file; nil slices encode as empty arrays, never null, so
 		// EncodeBatch and EncodeBatchRaw agree and receivers always see a list.
 		m, err := cbor.EncOptions{
-			ShortestFloat: cbor.ShortestFloat16,
+			ShortestFloat: cbor.ShortestFloatNone,
 			Sort:          cbor.SortNone,
 			NilContainers: cbor.NilContainerAsEmpty,
 		}.EncMode()

@@ -125,8 +125,8 @@ func TestEncodeDeterministic(t *testing.T) {
 	}
 }
 
-func TestShortestFloats(t *testing.T) {
-	// 21.5 fits a half float; 21.37 needs a double. Both decode exactly.
+func TestFloatsRoundTrip(t *testing.T) {
+	// Every float travels as a double and decodes exactly.
 	for _, v := range []float64{21.5, 21.37, -0.0, math.Inf(1), 1e300, 65504, 3.4e38} {
 		a := wire.Aggregate{Device: "d", Metric: "m", Count: 1, Sum: wire.F(v), Rev: 1, Key: "k"}
 		raw, err := wire.EncodeAggregate(&a)
