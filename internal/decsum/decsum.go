@@ -90,13 +90,16 @@ func Snap(sum float64, n uint64, lo, hi float64) (float64, float64) {
 			break
 		}
 		k := math.Round(sp)
+		if k == 0 {
+			k = 0 // a decimal zero is +0, even when cancellation left -1e-17
+		}
 		// sum·p − k with a single rounding: the distance to the grid point,
 		// scaled by p.
 		if math.Abs(math.FMA(sum, p, -k)) > e*p {
 			continue
 		}
 		s := k / p // k and p are exact: the double nearest k/10^D
-		if pn := p * fn; pn <= 1<<53 {
+		if pn := p * fn; pn < 1<<53 { // then exact
 			return s, k / pn
 		}
 		return s, s / fn

@@ -39,6 +39,8 @@ func TestSnapExamples(t *testing.T) {
 		{"large magnitude", []float64{1e9 + 0.01, 1e9 + 0.02, 1e9 + 0.04}, 3e9 + 0.07, 1e9 + 0.07/3},
 		{"tiny decimals", []float64{0.000001, 0.000002, 0.000004}, 0.000007, 0.000007 / 3},
 		{"zeros", []float64{0, 0, 0}, 0, 0},
+		{"cancelling", []float64{0.1, 0.2, -0.3}, 0, 0},        // plain: 5.551115123125783e-17
+		{"cancelling below", []float64{-0.1, -0.2, 0.3}, 0, 0}, // plain: -5.551115123125783e-17; +0, not -0
 		// The window's sum starts at +0, and +0 + -0 is +0.
 		{"negative zero", []float64{math.Copysign(0, -1)}, 0, 0},
 		// Not decimals: left alone.
