@@ -193,6 +193,12 @@ type engine struct {
 	nWindows   int
 	nDedup     int
 	c          counters
+	// suppressThrough is the last Bronze sequence whose outputs (outbox,
+	// late and dead-letter rows) are already committed: after a restart
+	// from an older state checkpoint the engine replays those records to
+	// rebuild its state, and writes their outputs only once.
+	suppressThrough uint64
+	replaying       bool
 
 	// batch outputs and state delta
 	out        []emission
@@ -261,6 +267,7 @@ func (d *device) wm(delayMs int64) int64 {
 
 // process consumes one Bronze record.
 func (e *engine) process(r *buffer.Record) {
+	e.replaying = r.Seq <= e.suppressThrough
 	e.c.Records++
 	e.advanceClock(r.ReceivedAt)
 	switch r.Kind {
@@ -290,6 +297,9 @@ func (e *engine) match(t string) (*sub, string, string, bool) {
 
 func (e *engine) dead(r *buffer.Record, device, code, msg string) {
 	e.c.Dead[codeIdx(code)]++
+	if e.replaying {
+		return
+	}
 	p := r.Payload
 	if len(p) > payloadPrefix {
 		p = p[:payloadPrefix]
@@ -452,8 +462,10 @@ func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string)
 			end := s + e.sizeMs
 			if end <= dev.finalBefore {
 				e.c.Late++
-				e.lates = append(e.lates, Late{Seq: seq, Device: dev.name, Metric: string(name), EventTime: t,
-					WindowStart: s, Value: m.v, Watermark: dev.finalBefore + e.lateMs})
+				if !e.replaying {
+					e.lates = append(e.lates, Late{Seq: seq, Device: dev.name, Metric: string(name), EventTime: t,
+						WindowStart: s, Value: m.v, Watermark: dev.finalBefore + e.lateMs})
+				}
 				continue
 			}
 			if ser == nil {
@@ -604,7 +616,9 @@ func (e *engine) emit(w *window) {
 		e.highRev, e.revsDirty = rev, true
 	}
 	e.markWin(w)
-	e.out = append(e.out, emission{agg: e.aggregate(w, rev), at: floorDiv(e.clock, 1e6)})
+	if !e.replaying {
+		e.out = append(e.out, emission{agg: e.aggregate(w, rev), at: floorDiv(e.clock, 1e6)})
+	}
 }
 
 // aggregate builds the wire form of w at revision rev, with the configured
@@ -749,11 +763,16 @@ func (e *engine) pruneTombstones() {
 	}
 }
 
-// resetBatch clears the batch outputs after a commit.
-func (e *engine) resetBatch() {
+// resetOutputs clears the batch outputs after a commit.
+func (e *engine) resetOutputs() {
 	e.out = e.out[:0]
 	e.lates = e.lates[:0]
 	e.dls = e.dls[:0]
+	e.revsDirty = false
+}
+
+// resetDelta clears the state delta after a checkpoint wrote it.
+func (e *engine) resetDelta() {
 	for _, w := range e.dirtyWins {
 		w.dirty = false
 	}
@@ -768,7 +787,11 @@ func (e *engine) resetBatch() {
 	e.delDevs = e.delDevs[:0]
 	e.tombPut = e.tombPut[:0]
 	e.tombDel = e.tombDel[:0]
-	e.revsDirty = false
+}
+
+// deltaSize is the number of state rows the next checkpoint writes.
+func (e *engine) deltaSize() int {
+	return len(e.dirtyWins) + len(e.delWins) + len(e.addDedup) + len(e.delDedup) + len(e.dirtyDevs) + len(e.delDevs)
 }
 
 // stateBytes estimates the in-memory state size.

@@ -42,6 +42,7 @@ var (
 	keyFingerprint = []byte("fingerprint")
 	keyHighRev     = []byte("high")
 	keyRevBase     = []byte("base")
+	keyProgress    = []byte("progress")
 )
 
 func createBuckets(tx *bolt.Tx) error {
@@ -184,6 +185,34 @@ func decodeCounters(v []byte, c *counters) error {
 	return nil
 }
 
+// appendProgress encodes the progress record: the last Bronze sequence
+// whose outputs are committed and the counters of the output tables, which
+// describe the tables and not the replayable state.
+func appendProgress(b []byte, e *engine) []byte {
+	// Mid-replay the outputs stay written through suppressThrough.
+	for _, v := range [...]uint64{max(e.offset, e.suppressThrough), e.c.LateRows, e.c.DeadRows, e.c.LateEvicted, e.c.DeadEvicted} {
+		b = binary.AppendUvarint(b, v)
+	}
+	return b
+}
+
+// applyProgress makes e write no outputs for records up to the progress
+// offset and restores the output-table counters.
+func applyProgress(v []byte, e *engine) error {
+	d := decoder{b: v}
+	through := d.uvarint()
+	rows := [...]uint64{d.uvarint(), d.uvarint(), d.uvarint(), d.uvarint()}
+	if d.err != nil {
+		return fmt.Errorf("%w: progress: %v", ErrCorruptState, d.err)
+	}
+	if through <= e.offset {
+		return nil
+	}
+	e.suppressThrough = through
+	e.c.LateRows, e.c.DeadRows, e.c.LateEvicted, e.c.DeadEvicted = rows[0], rows[1], rows[2], rows[3]
+	return nil
+}
+
 func putU64(b *bolt.Bucket, k []byte, v uint64) error {
 	var buf [8]byte
 	binary.BigEndian.PutUint64(buf[:], v)
@@ -231,6 +260,11 @@ func loadEngine(tx *bolt.Tx, cfg *Config) (*engine, error) {
 	e.clock = int64(getU64(m, keyClock))
 	if v := m.Get(keyCounters); v != nil {
 		if err := decodeCounters(v, &e.c); err != nil {
+			return nil, err
+		}
+	}
+	if v := m.Get(keyProgress); v != nil {
+		if err := applyProgress(v, e); err != nil {
 			return nil, err
 		}
 	}
@@ -338,12 +372,11 @@ func loadEngine(tx *bolt.Tx, cfg *Config) (*engine, error) {
 	return e, nil
 }
 
-// writeBatch writes the engine's batch outputs and state delta in tx.
-func (s *Stage) writeBatch(tx *bolt.Tx) error {
+// writeOutputs writes the batch's outputs in tx: outbox entries (and
+// their observer), late and dead-letter rows, the highest revision, and the
+// progress record that says through which Bronze record they are written.
+func (s *Stage) writeOutputs(tx *bolt.Tx) error {
 	e := s.eng
-	// bbolt keeps Put values until commit: they are cut from an arena that
-	// only grows, never overwritten.
-	var arena []byte
 	for i := range e.out {
 		em := &e.out[i]
 		data, err := encodeAggregate(&em.agg)
@@ -362,6 +395,22 @@ func (s *Stage) writeBatch(tx *bolt.Tx) error {
 	if err := writeRows(tx, e); err != nil {
 		return err
 	}
+	if e.revsDirty {
+		r := tx.Bucket(bucketRevs)
+		if err := putU64(r, keyHighRev, uint64(e.highRev)); err != nil {
+			return err
+		}
+	}
+	if err := tx.Bucket(bucketMeta).Put(keyProgress, appendProgress(nil, e)); err != nil {
+		return fmt.Errorf("put progress: %w", err)
+	}
+	return nil
+}
+
+// writeCheckpoint writes the state delta since the last checkpoint, with
+// the offset, clock and counters it corresponds to. A restart loads this
+// state and replays Bronze after its offset.
+func writeCheckpoint(tx *bolt.Tx, e *engine) error {
 	m := tx.Bucket(bucketMeta)
 	if err := putU64(m, keyOffset, e.offset); err != nil {
 		return err
@@ -372,13 +421,9 @@ func (s *Stage) writeBatch(tx *bolt.Tx) error {
 	if err := m.Put(keyCounters, appendCounters(nil, &e.c)); err != nil {
 		return fmt.Errorf("put counters: %w", err)
 	}
-	if e.revsDirty {
-		r := tx.Bucket(bucketRevs)
-		if err := putU64(r, keyHighRev, uint64(e.highRev)); err != nil {
-			return err
-		}
-	}
-
+	// bbolt keeps Put values until commit: they are cut from an arena that
+	// only grows, never overwritten.
+	var arena []byte
 	devs := tx.Bucket(bucketDevices)
 	for _, name := range e.delDevs {
 		if err := devs.Delete([]byte(name)); err != nil {
