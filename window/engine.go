@@ -136,9 +136,10 @@ type emission struct {
 	at  int64 // logged clock, unix ms
 }
 
-type dedupOp struct {
-	dev     *device
-	hash    uint64
+// dedupGroup names one stored dedup row: a device's event ids whose last
+// window ends at lastEnd.
+type dedupGroup struct {
+	dev     string
 	lastEnd int64
 }
 
@@ -201,13 +202,13 @@ type engine struct {
 	replaying       bool
 
 	// batch outputs and state delta
-	out        []emission
-	lates      []Late
-	dls        []DeadLetter
-	dirtyWins  []*window
-	delWins    [][]byte
-	addDedup   []dedupOp
-	delDedup   [][]byte
+	out       []emission
+	lates     []Late
+	dls       []DeadLetter
+	dirtyWins []*window
+	delWins   [][]byte
+	// dedupDirty are the dedup rows changed since the last checkpoint.
+	dedupDirty map[dedupGroup]struct{}
 	dirtyDevs  []*device
 	delDevs    []string
 	tombPut    []string
@@ -235,6 +236,7 @@ func newEngine(cfg *Config) *engine {
 		devices:    map[string]*device{},
 		tombstones: map[string]int64{},
 		pending:    map[*window]struct{}{},
+		dedupDirty: map[dedupGroup]struct{}{},
 	}
 	for _, s := range cfg.Subscriptions {
 		e.subs = append(e.subs, sub{s.Template, s.Format})
@@ -491,13 +493,13 @@ func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string)
 	if accepted && rd.hasID {
 		lastEnd := last + e.sizeMs
 		if old, ok := dev.dedup[rd.id]; ok {
-			e.delDedup = append(e.delDedup, dedupKey(old, dev.name, rd.id))
+			e.dedupDirty[dedupGroup{dev.name, old}] = struct{}{}
 		} else {
 			e.nDedup++
 		}
 		dev.dedup[rd.id] = lastEnd
 		dev.dedupMin = min(dev.dedupMin, lastEnd)
-		e.addDedup = append(e.addDedup, dedupOp{dev, rd.id, lastEnd})
+		e.dedupDirty[dedupGroup{dev.name, lastEnd}] = struct{}{}
 	}
 	if accepted && t > e.c.MaxEventTime {
 		e.c.MaxEventTime = t
@@ -567,7 +569,7 @@ func (e *engine) pruneDevice(dev *device) {
 			if le <= dev.finalBefore {
 				delete(dev.dedup, h)
 				e.nDedup--
-				e.delDedup = append(e.delDedup, dedupKey(le, dev.name, h))
+				e.dedupDirty[dedupGroup{dev.name, le}] = struct{}{}
 			} else {
 				dev.dedupMin = min(dev.dedupMin, le)
 			}
@@ -715,8 +717,8 @@ func (e *engine) expire(d *device) {
 			e.dropWindow(w)
 		}
 	}
-	for h, le := range d.dedup {
-		e.delDedup = append(e.delDedup, dedupKey(le, d.name, h))
+	for _, le := range d.dedup {
+		e.dedupDirty[dedupGroup{d.name, le}] = struct{}{}
 	}
 	e.nDedup -= len(d.dedup)
 	d.list.remove(d)
@@ -781,8 +783,7 @@ func (e *engine) resetDelta() {
 	}
 	e.dirtyWins = e.dirtyWins[:0]
 	e.delWins = e.delWins[:0]
-	e.addDedup = e.addDedup[:0]
-	e.delDedup = e.delDedup[:0]
+	clear(e.dedupDirty)
 	e.dirtyDevs = e.dirtyDevs[:0]
 	e.delDevs = e.delDevs[:0]
 	e.tombPut = e.tombPut[:0]
@@ -791,7 +792,7 @@ func (e *engine) resetDelta() {
 
 // deltaSize is the number of state rows the next checkpoint writes.
 func (e *engine) deltaSize() int {
-	return len(e.dirtyWins) + len(e.delWins) + len(e.addDedup) + len(e.delDedup) + len(e.dirtyDevs) + len(e.delDevs)
+	return len(e.dirtyWins) + len(e.delWins) + len(e.dedupDirty) + len(e.dirtyDevs) + len(e.delDevs)
 }
 
 // stateBytes estimates the in-memory state size.

@@ -22,14 +22,14 @@ type Stage struct {
 	cfg Config
 	log *slog.Logger
 
-	mu        sync.Mutex // one batch at a time
-	eng       *engine
+	mu  sync.Mutex // one batch at a time
+	eng *engine
 	// checkpointAt is when the state delta was last written (Config.Clock),
 	// checkpointOffset the Bronze sequence it covers.
 	checkpointAt     time.Time
 	checkpointOffset uint64
-	blocked   bool
-	capLogged bool // the device cap was hit and logged; cleared by a batch without
+	blocked          bool
+	capLogged        bool // the device cap was hit and logged; cleared by a batch without
 
 	statsMu sync.Mutex
 	stats   Stats
