@@ -54,6 +54,14 @@ type Bronze struct {
 	records int64
 	bytes   int64
 
+	// tail keeps the most recently appended records in memory, as
+	// committed, so the window stage reads what it just stored without
+	// going back through bbolt's memory map (which would keep every page
+	// it touched resident).
+	tailMu    sync.Mutex
+	tail      []tailChunk
+	tailBytes int
+
 	lastSeq    atomic.Uint64
 	checkpoint atomic.Uint64
 	full       atomic.Bool
@@ -149,6 +157,8 @@ func (b *Bronze) Append(recs []Record) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	next, records, bytes := b.next, b.records, b.bytes
+	var arena []byte
+	var ends []int
 	err := b.db.Update(func(tx *bolt.Tx) error {
 		var add int64
 		for i := range recs {
@@ -170,7 +180,8 @@ func (b *Bronze) Append(recs []Record) error {
 		// bbolt keeps the key and value slices until commit, so each record
 		// gets its own bytes in one arena; growing the arena leaves earlier
 		// slices pointing at the old, still intact, array.
-		arena := make([]byte, 0, add)
+		arena = make([]byte, 0, add)
+		ends = make([]int, 0, len(recs))
 		for i := range recs {
 			start := len(arena)
 			arena = binary.BigEndian.AppendUint64(arena, next)
@@ -179,6 +190,7 @@ func (b *Bronze) Append(recs []Record) error {
 			if err := log.Put(key, val); err != nil {
 				return fmt.Errorf("put seq %d: %w", next, err)
 			}
+			ends = append(ends, len(arena))
 			recs[i].Seq = next
 			next++
 			records++
@@ -206,13 +218,87 @@ func (b *Bronze) Append(recs []Record) error {
 	}
 	b.full.Store(false)
 	b.next, b.records, b.bytes = next, records, bytes
+	b.addTail(next-uint64(len(recs)), arena, ends)
 	b.lastSeq.Store(next - 1)
 	return nil
+}
+
+// tailMaxBytes bounds the in-memory tail.
+const tailMaxBytes = 4 << 20
+
+// tailChunk is one committed append: its records' key|value encodings back
+// to back in arena, record i ending at ends[i].
+type tailChunk struct {
+	first uint64
+	arena []byte
+	ends  []int
+}
+
+func (b *Bronze) addTail(first uint64, arena []byte, ends []int) {
+	b.tailMu.Lock()
+	defer b.tailMu.Unlock()
+	if n := len(b.tail); n > 0 {
+		last := &b.tail[n-1]
+		if last.first+uint64(len(last.ends)) != first {
+			b.tail, b.tailBytes = nil, 0 // not contiguous: start over
+		}
+	}
+	b.tail = append(b.tail, tailChunk{first: first, arena: arena, ends: ends})
+	b.tailBytes += len(arena)
+	for len(b.tail) > 1 && b.tailBytes > tailMaxBytes {
+		b.tailBytes -= len(b.tail[0].arena)
+		b.tail[0] = tailChunk{}
+		b.tail = b.tail[1:]
+	}
+}
+
+// readTail serves Read from the in-memory tail when it holds from; ok is
+// false when from is older than the tail.
+func (b *Bronze) readTail(from uint64, max int) (out []Record, ok bool, err error) {
+	b.tailMu.Lock()
+	defer b.tailMu.Unlock()
+	if len(b.tail) == 0 || from < b.tail[0].first {
+		return nil, false, nil
+	}
+	last := b.tail[len(b.tail)-1]
+	if avail := last.first + uint64(len(last.ends)) - min(from, last.first+uint64(len(last.ends))); avail > 0 {
+		out = make([]Record, 0, min(uint64(max), avail))
+	}
+	for _, c := range b.tail {
+		end := c.first + uint64(len(c.ends))
+		if from >= end {
+			continue
+		}
+		for i := int(from - c.first); i < len(c.ends) && len(out) < max; i++ {
+			start := 0
+			if i > 0 {
+				start = c.ends[i-1]
+			}
+			seq := c.first + uint64(i)
+			// The arena is never written again: records alias it.
+			r, err := DecodeRecord(seq, c.arena[start+8:c.ends[i]:c.ends[i]])
+			if err != nil {
+				return nil, true, err
+			}
+			out = append(out, r)
+			from = seq + 1
+		}
+		if len(out) == max {
+			break
+		}
+	}
+	return out, true, nil
 }
 
 // Read returns up to max records with Seq >= from, in order. The records own
 // their memory.
 func (b *Bronze) Read(from uint64, max int) ([]Record, error) {
+	if b.closed.Load() {
+		return nil, ErrClosed
+	}
+	if out, ok, err := b.readTail(from, max); ok {
+		return out, err
+	}
 	var out []Record
 	err := b.Scan(from, func(r Record) bool {
 		r.Payload = append([]byte(nil), r.Payload...)

@@ -145,6 +145,7 @@ type Window struct {
 type Processing struct {
 	TriggerInterval    Duration `yaml:"trigger_interval"`
 	MaxRecordsPerBatch int      `yaml:"max_records_per_batch"`
+	CheckpointInterval Duration `yaml:"checkpoint_interval"`
 }
 
 // Uplink configures delivery of the outbox to the cloud. At most one of
@@ -298,6 +299,7 @@ func Default() *Config {
 		Processing: Processing{
 			TriggerInterval:    Duration(time.Second),
 			MaxRecordsPerBatch: 10000,
+			CheckpointInterval: Duration(10 * time.Second),
 		},
 		Uplink: Uplink{
 			NATS: NATS{Subject: "edge.{gateway_id}.aggregates", Stream: "EDGE"},

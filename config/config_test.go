@@ -76,6 +76,7 @@ func TestDefaults(t *testing.T) {
 		"window.device_expiry":                 "24h",
 		"processing.trigger_interval":          "1s",
 		"processing.max_records_per_batch":     "10000",
+		"processing.checkpoint_interval":       "10s",
 		"uplink.nats.url":                      "",
 		"uplink.nats.subject":                  "edge.{gateway_id}.aggregates",
 		"uplink.nats.stream":                   "EDGE",

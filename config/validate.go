@@ -422,6 +422,7 @@ func (v *validator) window() {
 func (v *validator) processing() {
 	p := v.c.Processing
 	v.positive("processing.trigger_interval", p.TriggerInterval)
+	v.positive("processing.checkpoint_interval", p.CheckpointInterval)
 	v.atLeast("processing.max_records_per_batch", p.MaxRecordsPerBatch, 1)
 }
 

@@ -69,7 +69,9 @@ func (p *pahoSource) start(ctx context.Context) error {
 		// Subscribe on every connect: with a persistent session the broker
 		// usually remembers, but not after it lost its own state.
 		for _, s := range cfg.Subscriptions {
-			tok := c.Subscribe(s.Template.Filter(), s.QoS, handler)
+			// No per-filter callback: every message goes to the default
+			// handler, so paho does not split each topic to match routes.
+			tok := c.Subscribe(s.Template.Filter(), s.QoS, nil)
 			if !tok.WaitTimeout(cfg.ConnectTimeout) {
 				log.Error("subscribe timed out; reconnecting", "filter", s.Template.Filter())
 				return

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -22,7 +23,8 @@ import (
 // TestBinariesStaticForTheirCPU checks every cross-built binary: an ELF
 // executable for the target's machine, with no program interpreter and no
 // shared libraries (it runs on any gateway whatever its libc), built with
-// cgo off, -trimpath and the right GOARM, and stripped.
+// cgo off, -trimpath, the release build tags and the right GOARM, and
+// stripped.
 func TestBinariesStaticForTheirCPU(t *testing.T) {
 	bins := crossBinaries(t)
 	for _, a := range Arches {
@@ -74,7 +76,7 @@ func TestBinariesStaticForTheirCPU(t *testing.T) {
 			for _, s := range info.Settings {
 				settings[s.Key] = s.Value
 			}
-			want := map[string]string{"GOOS": "linux", "GOARCH": a.GOARCH, "CGO_ENABLED": "0", "-trimpath": "true"}
+			want := map[string]string{"GOOS": "linux", "GOARCH": a.GOARCH, "CGO_ENABLED": "0", "-trimpath": "true", "-tags": BuildTags}
 			if a.GOARM != "" {
 				want["GOARM"] = a.GOARM
 			}
@@ -317,6 +319,58 @@ status:
 	}
 	if t.Failed() {
 		t.Logf("agent log:\n%s", logs.String())
+	}
+}
+
+// maxARM64Binary is the budget for the stripped arm64 binary (issue #6),
+// with everything in: the embedded broker, both uplinks, TLS, the status
+// endpoint and the YAML config.
+const maxARM64Binary = 10 << 20
+
+// TestBinarySizeBudget keeps the arm64 release binary under its budget. A
+// dependency that makes the linker keep far more than it calls (anything
+// reaching reflect.Value.MethodByName, such as text/template, keeps every
+// exported method in the binary: +2.9 MiB) fails here, not in a release.
+func TestBinarySizeBudget(t *testing.T) {
+	bins := crossBinaries(t)
+	for _, a := range Arches {
+		st, err := os.Stat(bins[a.Name])
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: %d bytes (%.2f MiB)", a.Name, st.Size(), float64(st.Size())/(1<<20))
+		if a.Name == "arm64" && st.Size() >= maxARM64Binary {
+			t.Errorf("arm64 binary is %d bytes (%.2f MiB), over the %d MiB budget; see README, Binary size",
+				st.Size(), float64(st.Size())/(1<<20), maxARM64Binary>>20)
+		}
+	}
+}
+
+// TestMakefileBuildTags: `make cross` builds with BuildTags, the tags the
+// tests build and check the binaries with.
+func TestMakefileBuildTags(t *testing.T) {
+	mk, err := os.ReadFile(filepath.Join(repoRoot(t), "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tags, build := "", ""
+	for _, line := range strings.Split(string(mk), "\n") {
+		k, v, ok := strings.Cut(line, ":=")
+		if !ok {
+			continue
+		}
+		switch strings.TrimSpace(k) {
+		case "TAGS":
+			tags = strings.TrimSpace(v)
+		case "BUILD":
+			build = v
+		}
+	}
+	if tags != BuildTags {
+		t.Errorf("Makefile TAGS = %q, want packaging.BuildTags %q", tags, BuildTags)
+	}
+	if !strings.Contains(build, "-tags '$(TAGS)'") {
+		t.Errorf("Makefile BUILD does not pass -tags '$(TAGS)': %q", build)
 	}
 }
 

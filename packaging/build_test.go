@@ -97,7 +97,7 @@ func crossBinaries(t testing.TB) map[string]string {
 			start := time.Now()
 			// The same command line as `make cross`.
 			ldflags := fmt.Sprintf("-s -w -X main.version=%s -X main.commit=%s", testVersion, testCommit)
-			cmd := exec.Command(goCmd(), "build", "-trimpath", "-ldflags", ldflags, "-o", out, "./cmd/edgeagent")
+			cmd := exec.Command(goCmd(), "build", "-trimpath", "-tags", BuildTags, "-ldflags", ldflags, "-o", out, "./cmd/edgeagent")
 			cmd.Dir = root
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+a.GOARCH, "GOARM="+a.GOARM)
 			if outb, err := runTimeout(cmd, 8*time.Minute); err != nil {

@@ -46,21 +46,3 @@ var (
 	// ErrRunning is returned by a second, concurrent Run.
 	ErrRunning = errors.New("uplink: already running")
 )
-
-// ackResult is a pendingAck completed by a callback.
-type ackResult struct {
-	ch  chan struct{}
-	dup bool
-	err error
-}
-
-func newAckResult() *ackResult { return &ackResult{ch: make(chan struct{})} }
-
-func (a *ackResult) done() <-chan struct{}         { return a.ch }
-func (a *ackResult) result() (dup bool, err error) { return a.dup, a.err }
-
-// complete must be called once, by the owner of the map it sits in.
-func (a *ackResult) complete(dup bool, err error) {
-	a.dup, a.err = dup, err
-	close(a.ch)
-}

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/edgeagent/edgeagent/uplink/internal/jsapi"
 	"github.com/edgeagent/edgeagent/uplink/wire"
 )
 
@@ -21,22 +21,19 @@ const (
 	headerContentEncoding = "Content-Encoding"
 )
 
-// natsSink publishes batches to a JetStream stream and completes each
-// publish's pendingAck from the PubAck (or its error).
+// natsSink publishes batches to a JetStream stream (through jsapi, over
+// the core connection) and hands back each publish's PubAck future.
 type natsSink struct {
 	cfg    Config
 	log    *slog.Logger
 	nc     *nats.Conn
-	js     jetstream.JetStream
+	pub    *jsapi.Publisher
 	lostCh chan struct{}
 	lostMu sync.Once
-
-	mu      sync.Mutex
-	pending map[string]*ackResult // by Nats-Msg-Id
 }
 
 func newNATSSink(cfg Config, log *slog.Logger) *natsSink {
-	return &natsSink{cfg: cfg, log: log, lostCh: make(chan struct{}), pending: make(map[string]*ackResult)}
+	return &natsSink{cfg: cfg, log: log, lostCh: make(chan struct{})}
 }
 
 // connectTimeout bounds the dial and handshake: a blackholed link must not
@@ -95,18 +92,11 @@ func (s *natsSink) connect(ctx context.Context) error {
 		return fmt.Errorf("connect to nats %s: %w", s.cfg.NATS.URL, err)
 	}
 	s.nc = nc
-	js, err := jetstream.New(nc,
-		jetstream.WithPublishAsyncMaxPending(2*maxInFlight),
-		// The uplink times acks itself; the library's timer only frees
-		// its bookkeeping, later, so the two never race.
-		jetstream.WithPublishAsyncTimeout(2*s.cfg.AckTimeout),
-		jetstream.WithPublishAsyncAckHandler(s.onAck),
-		jetstream.WithPublishAsyncErrHandler(s.onErr),
-	)
+	pub, err := jsapi.NewPublisher(nc)
 	if err != nil {
-		return fmt.Errorf("jetstream context: %w", err)
+		return fmt.Errorf("jetstream publisher: %w", err)
 	}
-	s.js = js
+	s.pub = pub
 	if mp := nc.MaxPayload(); mp > 0 && int64(s.cfg.MaxBatchBytes)+1024 > mp {
 		s.log.Warn("uplink: max_batch_bytes exceeds the server's max_payload; a batch that large would be refused",
 			"max_batch_bytes", s.cfg.MaxBatchBytes, "max_payload", mp)
@@ -124,20 +114,19 @@ func (s *natsSink) connect(ctx context.Context) error {
 func (s *natsSink) ensureStream(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, connectTimeout(s.cfg))
 	defer cancel()
-	_, err := s.js.Stream(ctx, s.cfg.NATS.Stream)
+	err := jsapi.StreamInfo(ctx, s.nc, s.cfg.NATS.Stream)
 	if err == nil {
 		return nil
 	}
-	if !errors.Is(err, jetstream.ErrStreamNotFound) {
+	if !errors.Is(err, jsapi.ErrStreamNotFound) {
 		return fmt.Errorf("look up stream %s: %w", s.cfg.NATS.Stream, err)
 	}
-	_, err = s.js.CreateStream(ctx, jetstream.StreamConfig{
+	err = jsapi.CreateStream(ctx, s.nc, jsapi.StreamConfig{
 		Name:       s.cfg.NATS.Stream,
 		Subjects:   []string{s.cfg.NATS.Subject},
-		Storage:    jetstream.FileStorage,
 		Duplicates: 2 * time.Minute,
 	})
-	if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+	if err != nil && !errors.Is(err, jsapi.ErrStreamNameInUse) {
 		return fmt.Errorf("create stream %s: %w", s.cfg.NATS.Stream, err)
 	}
 	s.log.Info("uplink: created stream (create_stream is for development only)", "stream", s.cfg.NATS.Stream, "subject", s.cfg.NATS.Subject)
@@ -146,47 +135,34 @@ func (s *natsSink) ensureStream(ctx context.Context) error {
 
 func (s *natsSink) publish(_ context.Context, m *message) (pendingAck, error) {
 	msg := nats.NewMsg(s.cfg.NATS.Subject)
-	msg.Header.Set(jetstream.MsgIDHeader, m.id)
+	msg.Header.Set(jsapi.MsgIDHeader, m.id)
 	msg.Header.Set(headerContentType, wire.ContentType)
 	if m.encoding != wire.EncodingNone {
 		msg.Header.Set(headerContentEncoding, m.encoding)
 	}
 	msg.Data = m.body
-	a := newAckResult()
-	s.mu.Lock()
-	if old, ok := s.pending[m.id]; ok {
-		// Not expected on one connection; keep the map consistent.
-		old.complete(false, fmt.Errorf("%w: superseded", ErrLinkLost))
-	}
-	s.pending[m.id] = a
-	s.mu.Unlock()
-	if _, err := s.js.PublishMsgAsync(msg, jetstream.WithMsgID(m.id)); err != nil {
-		s.finish(m.id, false, err)
+	f, err := s.pub.Publish(msg)
+	if err != nil {
 		return nil, err
 	}
-	return a, nil
+	return natsAck{f}, nil
 }
 
-func (s *natsSink) onAck(_ jetstream.JetStream, msg *nats.Msg, ack *jetstream.PubAck) {
-	s.finish(msg.Header.Get(jetstream.MsgIDHeader), ack.Duplicate, nil)
-}
+// natsAck is a PubAck future as a pendingAck.
+type natsAck struct{ f *jsapi.Future }
 
-func (s *natsSink) onErr(_ jetstream.JetStream, msg *nats.Msg, err error) {
-	s.finish(msg.Header.Get(jetstream.MsgIDHeader), false, err)
-}
+func (a natsAck) done() <-chan struct{} { return a.f.Done() }
 
-func (s *natsSink) finish(id string, dup bool, err error) {
-	s.mu.Lock()
-	a, ok := s.pending[id]
-	delete(s.pending, id)
-	s.mu.Unlock()
-	if ok {
-		a.complete(dup, err)
-	}
+func (a natsAck) result() (dup bool, err error) {
+	ack, err := a.f.Result()
+	return ack.Duplicate, err
 }
 
 func (s *natsSink) close() error {
 	s.markLost()
+	if s.pub != nil {
+		s.pub.Close()
+	}
 	if s.nc != nil {
 		s.nc.Close()
 	}

@@ -54,7 +54,8 @@ func BenchmarkStage(b *testing.B) {
 		}
 		e.process(&recs[j])
 		if e.c.Records%uint64(cfg.MaxRecordsPerBatch) == 0 {
-			e.resetBatch() // what a commit would do, minus bbolt
+			e.resetOutputs()
+			e.resetDelta() // what a commit would do, minus bbolt
 		}
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")
@@ -116,10 +117,12 @@ func BenchmarkStateSize(b *testing.B) {
 		for j := range recs {
 			e.process(&recs[j])
 			if j%10_000 == 0 {
-				e.resetBatch()
+				e.resetOutputs()
+				e.resetDelta()
 			}
 		}
-		e.resetBatch()
+		e.resetOutputs()
+		e.resetDelta()
 		e.x = nil
 		runtime.GC()
 		runtime.ReadMemStats(&after)

@@ -82,6 +82,7 @@ const (
 	DefaultDeviceExpiry       = 24 * time.Hour
 	DefaultTriggerInterval    = time.Second
 	DefaultMaxRecordsPerBatch = 10_000
+	DefaultCheckpointInterval = 10 * time.Second
 	DefaultOutboxMaxBytes     = 256 << 20
 	DefaultMaxLateRows        = 100_000
 	DefaultMaxDeadLetterRows  = 100_000
@@ -136,6 +137,11 @@ type Config struct {
 	TriggerInterval time.Duration
 	// MaxRecordsPerBatch is processing.max_records_per_batch (default 10,000).
 	MaxRecordsPerBatch int
+	// CheckpointInterval is processing.checkpoint_interval (default 10s):
+	// how often the window state delta is written. Outputs are written every
+	// batch; a restart replays Bronze from the last checkpoint to rebuild
+	// the state, writing no output twice.
+	CheckpointInterval time.Duration
 	// OutboxMaxBytes is storage.outbox_max_bytes (default 256 MiB): at or
 	// above it the stage stops consuming Bronze until the uplink drains.
 	OutboxMaxBytes int64
@@ -193,6 +199,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxRecordsPerBatch == 0 {
 		c.MaxRecordsPerBatch = DefaultMaxRecordsPerBatch
+	}
+	if c.CheckpointInterval == 0 {
+		c.CheckpointInterval = DefaultCheckpointInterval
 	}
 	if c.OutboxBytes == nil {
 		c.OutboxBytes = func(tx *bolt.Tx) (uint64, error) {
@@ -307,6 +316,9 @@ func (c Config) Validate() error {
 	}
 	if c.TriggerInterval < time.Millisecond {
 		return bad("processing.trigger_interval %v is below 1ms", c.TriggerInterval)
+	}
+	if c.CheckpointInterval < 0 {
+		return bad("processing.checkpoint_interval %v is negative", c.CheckpointInterval)
 	}
 	if c.MaxRecordsPerBatch < 0 {
 		return bad("processing.max_records_per_batch %d is negative", c.MaxRecordsPerBatch)

@@ -137,9 +137,10 @@ type emission struct {
 	at  int64 // logged clock, unix ms
 }
 
-type dedupOp struct {
-	dev     *device
-	hash    uint64
+// dedupGroup names one stored dedup row: a device's event ids whose last
+// window ends at lastEnd.
+type dedupGroup struct {
+	dev     string
 	lastEnd int64
 }
 
@@ -194,15 +195,21 @@ type engine struct {
 	nWindows   int
 	nDedup     int
 	c          counters
+	// suppressThrough is the last Bronze sequence whose outputs (outbox,
+	// late and dead-letter rows) are already committed: after a restart
+	// from an older state checkpoint the engine replays those records to
+	// rebuild its state, and writes their outputs only once.
+	suppressThrough uint64
+	replaying       bool
 
 	// batch outputs and state delta
-	out        []emission
-	lates      []Late
-	dls        []DeadLetter
-	dirtyWins  []*window
-	delWins    [][]byte
-	addDedup   []dedupOp
-	delDedup   [][]byte
+	out       []emission
+	lates     []Late
+	dls       []DeadLetter
+	dirtyWins []*window
+	delWins   [][]byte
+	// dedupDirty are the dedup rows changed since the last checkpoint.
+	dedupDirty map[dedupGroup]struct{}
 	dirtyDevs  []*device
 	delDevs    []string
 	tombPut    []string
@@ -230,6 +237,7 @@ func newEngine(cfg *Config) *engine {
 		devices:    map[string]*device{},
 		tombstones: map[string]int64{},
 		pending:    map[*window]struct{}{},
+		dedupDirty: map[dedupGroup]struct{}{},
 	}
 	for _, s := range cfg.Subscriptions {
 		e.subs = append(e.subs, sub{s.Template, s.Format})
@@ -262,6 +270,7 @@ func (d *device) wm(delayMs int64) int64 {
 
 // process consumes one Bronze record.
 func (e *engine) process(r *buffer.Record) {
+	e.replaying = r.Seq <= e.suppressThrough
 	e.c.Records++
 	e.advanceClock(r.ReceivedAt)
 	switch r.Kind {
@@ -291,6 +300,9 @@ func (e *engine) match(t string) (*sub, string, string, bool) {
 
 func (e *engine) dead(r *buffer.Record, device, code, msg string) {
 	e.c.Dead[codeIdx(code)]++
+	if e.replaying {
+		return
+	}
 	p := r.Payload
 	if len(p) > payloadPrefix {
 		p = p[:payloadPrefix]
@@ -453,8 +465,10 @@ func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string)
 			end := s + e.sizeMs
 			if end <= dev.finalBefore {
 				e.c.Late++
-				e.lates = append(e.lates, Late{Seq: seq, Device: dev.name, Metric: string(name), EventTime: t,
-					WindowStart: s, Value: m.v, Watermark: dev.finalBefore + e.lateMs})
+				if !e.replaying {
+					e.lates = append(e.lates, Late{Seq: seq, Device: dev.name, Metric: string(name), EventTime: t,
+						WindowStart: s, Value: m.v, Watermark: dev.finalBefore + e.lateMs})
+				}
 				continue
 			}
 			if ser == nil {
@@ -480,13 +494,13 @@ func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string)
 	if accepted && rd.hasID {
 		lastEnd := last + e.sizeMs
 		if old, ok := dev.dedup[rd.id]; ok {
-			e.delDedup = append(e.delDedup, dedupKey(old, dev.name, rd.id))
+			e.dedupDirty[dedupGroup{dev.name, old}] = struct{}{}
 		} else {
 			e.nDedup++
 		}
 		dev.dedup[rd.id] = lastEnd
 		dev.dedupMin = min(dev.dedupMin, lastEnd)
-		e.addDedup = append(e.addDedup, dedupOp{dev, rd.id, lastEnd})
+		e.dedupDirty[dedupGroup{dev.name, lastEnd}] = struct{}{}
 	}
 	if accepted && t > e.c.MaxEventTime {
 		e.c.MaxEventTime = t
@@ -556,7 +570,7 @@ func (e *engine) pruneDevice(dev *device) {
 			if le <= dev.finalBefore {
 				delete(dev.dedup, h)
 				e.nDedup--
-				e.delDedup = append(e.delDedup, dedupKey(le, dev.name, h))
+				e.dedupDirty[dedupGroup{dev.name, le}] = struct{}{}
 			} else {
 				dev.dedupMin = min(dev.dedupMin, le)
 			}
@@ -605,7 +619,9 @@ func (e *engine) emit(w *window) {
 		e.highRev, e.revsDirty = rev, true
 	}
 	e.markWin(w)
-	e.out = append(e.out, emission{agg: e.aggregate(w, rev), at: floorDiv(e.clock, 1e6)})
+	if !e.replaying {
+		e.out = append(e.out, emission{agg: e.aggregate(w, rev), at: floorDiv(e.clock, 1e6)})
+	}
 }
 
 // aggregate builds the wire form of w at revision rev, with the configured
@@ -704,8 +720,8 @@ func (e *engine) expire(d *device) {
 			e.dropWindow(w)
 		}
 	}
-	for h, le := range d.dedup {
-		e.delDedup = append(e.delDedup, dedupKey(le, d.name, h))
+	for _, le := range d.dedup {
+		e.dedupDirty[dedupGroup{d.name, le}] = struct{}{}
 	}
 	e.nDedup -= len(d.dedup)
 	d.list.remove(d)
@@ -752,11 +768,16 @@ func (e *engine) pruneTombstones() {
 	}
 }
 
-// resetBatch clears the batch outputs after a commit.
-func (e *engine) resetBatch() {
+// resetOutputs clears the batch outputs after a commit.
+func (e *engine) resetOutputs() {
 	e.out = e.out[:0]
 	e.lates = e.lates[:0]
 	e.dls = e.dls[:0]
+	e.revsDirty = false
+}
+
+// resetDelta clears the state delta after a checkpoint wrote it.
+func (e *engine) resetDelta() {
 	for _, w := range e.dirtyWins {
 		w.dirty = false
 	}
@@ -765,13 +786,16 @@ func (e *engine) resetBatch() {
 	}
 	e.dirtyWins = e.dirtyWins[:0]
 	e.delWins = e.delWins[:0]
-	e.addDedup = e.addDedup[:0]
-	e.delDedup = e.delDedup[:0]
+	clear(e.dedupDirty)
 	e.dirtyDevs = e.dirtyDevs[:0]
 	e.delDevs = e.delDevs[:0]
 	e.tombPut = e.tombPut[:0]
 	e.tombDel = e.tombDel[:0]
-	e.revsDirty = false
+}
+
+// deltaSize is the number of state rows the next checkpoint writes.
+func (e *engine) deltaSize() int {
+	return len(e.dirtyWins) + len(e.delWins) + len(e.dedupDirty) + len(e.dirtyDevs) + len(e.delDevs)
 }
 
 // stateBytes estimates the in-memory state size.

@@ -22,10 +22,14 @@ type Stage struct {
 	cfg Config
 	log *slog.Logger
 
-	mu        sync.Mutex // one batch at a time
-	eng       *engine
-	blocked   bool
-	capLogged bool // the device cap was hit and logged; cleared by a batch without
+	mu  sync.Mutex // one batch at a time
+	eng *engine
+	// checkpointAt is when the state delta was last written (Config.Clock),
+	// checkpointOffset the Bronze sequence it covers.
+	checkpointAt     time.Time
+	checkpointOffset uint64
+	blocked          bool
+	capLogged        bool // the device cap was hit and logged; cleared by a batch without
 
 	statsMu sync.Mutex
 	stats   Stats
@@ -105,6 +109,7 @@ func New(db *bolt.DB, src Source, cfg Config) (*Stage, error) {
 		return nil, err
 	}
 	src.SetCheckpoint(s.eng.offset)
+	s.checkpointAt = s.cfg.Clock()
 	s.publish(StepResult{}, false)
 	return s, nil
 }
@@ -118,6 +123,7 @@ func (s *Stage) reload() error {
 			return err
 		}
 		s.eng = e
+		s.checkpointOffset = e.offset
 		return nil
 	})
 	if err != nil {
@@ -161,12 +167,12 @@ func (s *Stage) Step() (StepResult, error) {
 	for i := range recs {
 		e.process(&recs[i])
 	}
+	e.replaying = false
 	e.pruneTombstones()
 	res.Emitted = len(e.out)
-	if err := s.commit(); err != nil {
+	if err := s.commit(s.checkpointDue()); err != nil {
 		return res, err
 	}
-	s.src.SetCheckpoint(e.offset)
 	capped := e.c.Dead[codeIdx(CodeTooManyDevices)] - before.Dead[codeIdx(CodeTooManyDevices)]
 	if capped > 0 && !s.capLogged {
 		s.log.Warn("window: max_devices reached, readings of new devices are dead-lettered", "max_devices", s.cfg.MaxDevices, "refused", capped)
@@ -184,12 +190,44 @@ func (s *Stage) Step() (StepResult, error) {
 	return res, nil
 }
 
-// commit writes the batch; on failure the in-memory state is reloaded from
-// the database so the batch is redone by the next Step.
-func (s *Stage) commit() error {
+// checkpointDue says whether this batch's commit also writes the state
+// delta: every CheckpointInterval, when the delta has grown large, when a
+// replay has caught up, and when Bronze is full (its retention waits for
+// the checkpoint).
+func (s *Stage) checkpointDue() bool {
+	e := s.eng
+	if e.deltaSize() >= maxDeltaRows {
+		return true
+	}
+	// A replay after a restart has just caught up: checkpoint at once, so
+	// that restarts more frequent than the interval still make progress.
+	if e.suppressThrough > s.checkpointOffset && e.offset >= e.suppressThrough {
+		return true
+	}
+	if f, ok := s.src.(interface{ Full() bool }); ok && f.Full() {
+		return true
+	}
+	return s.cfg.Clock().Sub(s.checkpointAt) >= s.cfg.CheckpointInterval
+}
+
+// maxDeltaRows bounds the state delta held between checkpoints.
+const maxDeltaRows = 200_000
+
+// commit writes the batch's outputs and, with checkpoint, the state delta;
+// on failure the in-memory state is reloaded from the last checkpoint, and
+// the batch is redone by the next Step.
+func (s *Stage) commit(checkpoint bool) error {
 	e := s.eng
 	lateEvicted, deadEvicted := e.c.LateEvicted, e.c.DeadEvicted
-	err := s.db.Update(func(tx *bolt.Tx) error { return s.writeBatch(tx) })
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		if err := s.writeOutputs(tx); err != nil {
+			return err
+		}
+		if checkpoint {
+			return writeCheckpoint(tx, e)
+		}
+		return nil
+	})
 	if err != nil {
 		if rerr := s.reload(); rerr != nil {
 			return fmt.Errorf("commit window batch: %w (and %v)", err, rerr)
@@ -202,8 +240,28 @@ func (s *Stage) commit() error {
 	if deadEvicted == 0 && e.c.DeadEvicted > 0 {
 		s.log.Warn("window: dead-letter table full, evicting oldest rows", "max_rows", s.cfg.MaxDeadLetterRows)
 	}
-	e.resetBatch()
+	e.resetOutputs()
+	if checkpoint {
+		e.resetDelta()
+		s.checkpointAt, s.checkpointOffset = s.cfg.Clock(), e.offset
+		s.src.SetCheckpoint(e.offset)
+	}
 	return nil
+}
+
+// Checkpoint writes the state delta now if there is one, so a restart
+// replays nothing (called at shutdown).
+func (s *Stage) Checkpoint() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.checkpointNow()
+}
+
+func (s *Stage) checkpointNow() error {
+	if s.eng.deltaSize() == 0 && s.eng.offset == s.checkpointOffset {
+		return nil
+	}
+	return s.commit(true)
 }
 
 func (s *Stage) setBlocked(b bool) {
@@ -230,10 +288,12 @@ func (s *Stage) Flush() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.eng.pending) == 0 {
-		return nil
+		return s.checkpointNow()
 	}
+	// Flushed revisions depend on when Flush runs, which a replay cannot
+	// reproduce: they go out with a checkpoint.
 	s.eng.flushPending()
-	if err := s.commit(); err != nil {
+	if err := s.commit(true); err != nil {
 		return err
 	}
 	s.publish(StepResult{Offset: s.eng.offset}, false)
@@ -268,7 +328,7 @@ func (s *Stage) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return s.Checkpoint()
 		case <-t.C:
 		}
 		for {

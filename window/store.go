@@ -2,6 +2,7 @@ package window
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -26,7 +27,8 @@ var (
 	bucketDevices = []byte("window_devices")
 	// window_windows: start(8) | len+device | metric → aggregates.
 	bucketWindows = []byte("window_windows")
-	// window_dedup: lastEnd(8) | len+device | hash(8) → empty.
+	// window_dedup: lastEnd(8) | len+device → the event-id hashes (8 bytes
+	// each) whose last window ends at lastEnd.
 	bucketDedup = []byte("window_dedup")
 	// window_tombstones: device name → lateness horizon of an expired device.
 	bucketTombstones = []byte("window_tombstones")
@@ -42,6 +44,7 @@ var (
 	keyFingerprint = []byte("fingerprint")
 	keyHighRev     = []byte("high")
 	keyRevBase     = []byte("base")
+	keyProgress    = []byte("progress")
 )
 
 func createBuckets(tx *bolt.Tx) error {
@@ -75,11 +78,78 @@ func parseWindowKey(k []byte) (start int64, dev, metric string, err error) {
 	return fromOrdered(binary.BigEndian.Uint64(k)), dev, string(d.b), nil
 }
 
-func dedupKey(lastEnd int64, dev string, h uint64) []byte {
-	k := make([]byte, 0, 8+2+len(dev)+8)
+func dedupKey(lastEnd int64, dev string) []byte {
+	k := make([]byte, 0, 8+2+len(dev))
 	k = binary.BigEndian.AppendUint64(k, orderedInt(lastEnd))
-	k = appendString(k, dev)
-	return binary.BigEndian.AppendUint64(k, h)
+	return appendString(k, dev)
+}
+
+// writeDedup rewrites the changed dedup rows from the in-memory sets: one
+// row per (last window end, device) holding its event-id hashes, so a
+// checkpoint writes a row per device and window rather than one per reading.
+func writeDedup(b *bolt.Bucket, e *engine) error {
+	groups := make([]dedupGroup, 0, len(e.dedupDirty))
+	for g := range e.dedupDirty {
+		groups = append(groups, g)
+	}
+	slices.SortFunc(groups, func(a, b dedupGroup) int {
+		if a.dev != b.dev {
+			return strings.Compare(a.dev, b.dev)
+		}
+		return cmp.Compare(a.lastEnd, b.lastEnd)
+	})
+	type row struct {
+		k []byte
+		v []byte
+	}
+	rows := make([]row, 0, len(groups))
+	var hashes map[int64][]uint64
+	for i := 0; i < len(groups); {
+		j := i
+		for j < len(groups) && groups[j].dev == groups[i].dev {
+			j++
+		}
+		// One pass over the device's set fills all its changed groups.
+		clear(hashes)
+		if d := e.devices[groups[i].dev]; d != nil {
+			if hashes == nil {
+				hashes = map[int64][]uint64{}
+			}
+			for _, g := range groups[i:j] {
+				hashes[g.lastEnd] = nil
+			}
+			for h, le := range d.dedup {
+				if hs, ok := hashes[le]; ok {
+					hashes[le] = append(hs, h)
+				}
+			}
+		}
+		for _, g := range groups[i:j] {
+			var v []byte
+			if hs := hashes[g.lastEnd]; len(hs) > 0 {
+				slices.Sort(hs)
+				v = make([]byte, 0, 8*len(hs))
+				for _, h := range hs {
+					v = binary.BigEndian.AppendUint64(v, h)
+				}
+			}
+			rows = append(rows, row{dedupKey(g.lastEnd, g.dev), v})
+		}
+		i = j
+	}
+	slices.SortFunc(rows, func(a, b row) int { return bytes.Compare(a.k, b.k) })
+	for _, r := range rows {
+		if r.v == nil {
+			if err := b.Delete(r.k); err != nil {
+				return fmt.Errorf("delete dedup row: %w", err)
+			}
+			continue
+		}
+		if err := b.Put(r.k, r.v); err != nil {
+			return fmt.Errorf("put dedup row: %w", err)
+		}
+	}
+	return nil
 }
 
 func appendWindow(b []byte, w *window) []byte {
@@ -184,6 +254,34 @@ func decodeCounters(v []byte, c *counters) error {
 	return nil
 }
 
+// appendProgress encodes the progress record: the last Bronze sequence
+// whose outputs are committed and the counters of the output tables, which
+// describe the tables and not the replayable state.
+func appendProgress(b []byte, e *engine) []byte {
+	// Mid-replay the outputs stay written through suppressThrough.
+	for _, v := range [...]uint64{max(e.offset, e.suppressThrough), e.c.LateRows, e.c.DeadRows, e.c.LateEvicted, e.c.DeadEvicted} {
+		b = binary.AppendUvarint(b, v)
+	}
+	return b
+}
+
+// applyProgress makes e write no outputs for records up to the progress
+// offset and restores the output-table counters.
+func applyProgress(v []byte, e *engine) error {
+	d := decoder{b: v}
+	through := d.uvarint()
+	rows := [...]uint64{d.uvarint(), d.uvarint(), d.uvarint(), d.uvarint()}
+	if d.err != nil {
+		return fmt.Errorf("%w: progress: %v", ErrCorruptState, d.err)
+	}
+	if through <= e.offset {
+		return nil
+	}
+	e.suppressThrough = through
+	e.c.LateRows, e.c.DeadRows, e.c.LateEvicted, e.c.DeadEvicted = rows[0], rows[1], rows[2], rows[3]
+	return nil
+}
+
 func putU64(b *bolt.Bucket, k []byte, v uint64) error {
 	var buf [8]byte
 	binary.BigEndian.PutUint64(buf[:], v)
@@ -234,6 +332,11 @@ func loadEngine(tx *bolt.Tx, cfg *Config) (*engine, error) {
 			return nil, err
 		}
 	}
+	if v := m.Get(keyProgress); v != nil {
+		if err := applyProgress(v, e); err != nil {
+			return nil, err
+		}
+	}
 	r := tx.Bucket(bucketRevs)
 	e.highRev = uint32(getU64(r, keyHighRev))
 	e.revBase = uint32(getU64(r, keyRevBase))
@@ -279,25 +382,27 @@ func loadEngine(tx *bolt.Tx, cfg *Config) (*engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	err = tx.Bucket(bucketDedup).ForEach(func(k, _ []byte) error {
-		if len(k) < 17 {
-			return fmt.Errorf("%w: dedup key %x", ErrCorruptState, k)
+	err = tx.Bucket(bucketDedup).ForEach(func(k, v []byte) error {
+		if len(k) < 9 || len(v)%8 != 0 {
+			return fmt.Errorf("%w: dedup row %x", ErrCorruptState, k)
 		}
 		le := fromOrdered(binary.BigEndian.Uint64(k))
-		dd := decoder{b: k[8 : len(k)-8]}
+		dd := decoder{b: k[8:]}
 		devName := dd.bytes()
 		if dd.err != nil || len(dd.b) != 0 {
-			return fmt.Errorf("%w: dedup key %x", ErrCorruptState, k)
+			return fmt.Errorf("%w: dedup row %x", ErrCorruptState, k)
 		}
 		d := e.devices[string(devName)]
 		if d == nil {
-			return fmt.Errorf("%w: dedup entry of unknown device %q", ErrCorruptState, devName)
+			return fmt.Errorf("%w: dedup row of unknown device %q", ErrCorruptState, devName)
 		}
-		h := binary.BigEndian.Uint64(k[len(k)-8:])
-		if _, ok := d.dedup[h]; !ok {
-			e.nDedup++
+		for ; len(v) > 0; v = v[8:] {
+			h := binary.BigEndian.Uint64(v)
+			if _, ok := d.dedup[h]; !ok {
+				e.nDedup++
+			}
+			d.dedup[h] = max(d.dedup[h], le)
 		}
-		d.dedup[h] = max(d.dedup[h], le)
 		d.dedupMin = min(d.dedupMin, le)
 		return nil
 	})
@@ -338,12 +443,11 @@ func loadEngine(tx *bolt.Tx, cfg *Config) (*engine, error) {
 	return e, nil
 }
 
-// writeBatch writes the engine's batch outputs and state delta in tx.
-func (s *Stage) writeBatch(tx *bolt.Tx) error {
+// writeOutputs writes the batch's outputs in tx: outbox entries (and
+// their observer), late and dead-letter rows, the highest revision, and the
+// progress record that says through which Bronze record they are written.
+func (s *Stage) writeOutputs(tx *bolt.Tx) error {
 	e := s.eng
-	// bbolt keeps Put values until commit: they are cut from an arena that
-	// only grows, never overwritten.
-	var arena []byte
 	for i := range e.out {
 		em := &e.out[i]
 		data, err := encodeAggregate(&em.agg)
@@ -362,6 +466,22 @@ func (s *Stage) writeBatch(tx *bolt.Tx) error {
 	if err := writeRows(tx, e); err != nil {
 		return err
 	}
+	if e.revsDirty {
+		r := tx.Bucket(bucketRevs)
+		if err := putU64(r, keyHighRev, uint64(e.highRev)); err != nil {
+			return err
+		}
+	}
+	if err := tx.Bucket(bucketMeta).Put(keyProgress, appendProgress(nil, e)); err != nil {
+		return fmt.Errorf("put progress: %w", err)
+	}
+	return nil
+}
+
+// writeCheckpoint writes the state delta since the last checkpoint, with
+// the offset, clock and counters it corresponds to. A restart loads this
+// state and replays Bronze after its offset.
+func writeCheckpoint(tx *bolt.Tx, e *engine) error {
 	m := tx.Bucket(bucketMeta)
 	if err := putU64(m, keyOffset, e.offset); err != nil {
 		return err
@@ -372,13 +492,9 @@ func (s *Stage) writeBatch(tx *bolt.Tx) error {
 	if err := m.Put(keyCounters, appendCounters(nil, &e.c)); err != nil {
 		return fmt.Errorf("put counters: %w", err)
 	}
-	if e.revsDirty {
-		r := tx.Bucket(bucketRevs)
-		if err := putU64(r, keyHighRev, uint64(e.highRev)); err != nil {
-			return err
-		}
-	}
-
+	// bbolt keeps Put values until commit: they are cut from an arena that
+	// only grows, never overwritten.
+	var arena []byte
 	devs := tx.Bucket(bucketDevices)
 	for _, name := range e.delDevs {
 		if err := devs.Delete([]byte(name)); err != nil {
@@ -423,24 +539,8 @@ func (s *Stage) writeBatch(tx *bolt.Tx) error {
 		}
 	}
 
-	dd := tx.Bucket(bucketDedup)
-	slices.SortFunc(e.delDedup, bytes.Compare)
-	for _, k := range e.delDedup {
-		if err := dd.Delete(k); err != nil {
-			return fmt.Errorf("delete dedup entry: %w", err)
-		}
-	}
-	keys := make([][]byte, 0, len(e.addDedup))
-	for _, op := range e.addDedup {
-		if le, ok := op.dev.dedup[op.hash]; !op.dev.dead && ok && le == op.lastEnd {
-			keys = append(keys, dedupKey(op.lastEnd, op.dev.name, op.hash))
-		}
-	}
-	slices.SortFunc(keys, bytes.Compare)
-	for _, k := range keys {
-		if err := dd.Put(k, []byte{}); err != nil {
-			return fmt.Errorf("put dedup entry: %w", err)
-		}
+	if err := writeDedup(tx.Bucket(bucketDedup), e); err != nil {
+		return err
 	}
 
 	tb := tx.Bucket(bucketTombstones)
