@@ -98,8 +98,10 @@ func Snap(sum float64, n uint64, lo, hi float64) (float64, float64) {
 		if math.Abs(math.FMA(sum, p, -k)) > e*p {
 			continue
 		}
-		s := k / p // k and p are exact: the double nearest k/10^D
-		if pn := p * fn; pn < 1<<53 { // then exact
+		// k and p are exact, so s is the double nearest k/10^D; below 2⁵³
+		// p·n is exact too, and k/(p·n) the double nearest the mean.
+		s := k / p
+		if pn := p * fn; pn < 1<<53 {
 			return s, k / pn
 		}
 		return s, s / fn
