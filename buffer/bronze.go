@@ -261,8 +261,8 @@ func (b *Bronze) readTail(from uint64, max int) (out []Record, ok bool, err erro
 		return nil, false, nil
 	}
 	last := b.tail[len(b.tail)-1]
-	if avail := last.first + uint64(len(last.ends)) - min(from, last.first+uint64(len(last.ends))); avail > 0 {
-		out = make([]Record, 0, min(uint64(max), avail))
+	if end := last.first + uint64(len(last.ends)); from < end {
+		out = make([]Record, 0, min(uint64(max), end-from))
 	}
 	for _, c := range b.tail {
 		end := c.first + uint64(len(c.ends))

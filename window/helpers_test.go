@@ -136,6 +136,34 @@ func outboxBytes(t testing.TB, db *bolt.DB) []byte {
 	return buf.Bytes()
 }
 
+// outputBytes serialises every output of the stage — the outbox, then the
+// late and dead-letter tables — for byte-for-byte comparison, and says how
+// many late rows there are so a test can check its stream exercised them.
+func outputBytes(t testing.TB, db *bolt.DB) (out []byte, lateRows int) {
+	t.Helper()
+	buf := bytes.NewBuffer(outboxBytes(t, db))
+	err := db.View(func(tx *bolt.Tx) error {
+		for _, name := range [][]byte{bucketLate, bucketDead} {
+			fmt.Fprintf(buf, "%s\n", name)
+			err := tx.Bucket(name).ForEach(func(k, v []byte) error {
+				if string(name) == string(bucketLate) {
+					lateRows++
+				}
+				fmt.Fprintf(buf, "%x|%x\n", k, v)
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes(), lateRows
+}
+
 func decodeOutbox(t testing.TB, db *bolt.DB) []wire.Aggregate {
 	t.Helper()
 	var out []wire.Aggregate

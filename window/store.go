@@ -103,18 +103,16 @@ func writeDedup(b *bolt.Bucket, e *engine) error {
 		v []byte
 	}
 	rows := make([]row, 0, len(groups))
-	var hashes map[int64][]uint64
+	hashes := map[int64][]uint64{}
 	for i := 0; i < len(groups); {
 		j := i
 		for j < len(groups) && groups[j].dev == groups[i].dev {
 			j++
 		}
-		// One pass over the device's set fills all its changed groups.
+		// One pass over the device's set fills all its changed groups; an
+		// expired device has none, and its rows are deleted.
 		clear(hashes)
 		if d := e.devices[groups[i].dev]; d != nil {
-			if hashes == nil {
-				hashes = map[int64][]uint64{}
-			}
 			for _, g := range groups[i:j] {
 				hashes[g.lastEnd] = nil
 			}

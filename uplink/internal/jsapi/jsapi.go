@@ -38,7 +38,7 @@ import (
 )
 
 // MsgIDHeader carries a message's deduplication id.
-const MsgIDHeader = "Nats-Msg-Id"
+const MsgIDHeader = nats.MsgIdHdr
 
 const (
 	// statusHeader and statusNoResponders mark the server's answer to a
@@ -53,8 +53,8 @@ const (
 	noResponderWait    = 250 * time.Millisecond
 
 	// JetStream API error codes (err_code) the agent tells apart.
-	errCodeStreamNotFound  = 10059
-	errCodeStreamNameInUse = 10058
+	errCodeStreamNotFound  = uint16(nats.JSErrCodeStreamNotFound)
+	errCodeStreamNameInUse = uint16(nats.JSErrCodeStreamNameInUse)
 )
 
 // Errors, worded as nats.go's jetstream package words them.
@@ -93,15 +93,10 @@ func (e *APIError) Is(target error) bool {
 	return ok && e != nil && t != nil && e.ErrCode == t.ErrCode
 }
 
-// PubAck is the stream's acknowledgement of a stored message.
-type PubAck struct {
-	Stream   string `json:"stream"`
-	Sequence uint64 `json:"seq"`
-	// Duplicate reports that the stream already held a message with this
-	// Nats-Msg-Id inside its duplicate window, and did not store it again.
-	Duplicate bool   `json:"duplicate,omitempty"`
-	Domain    string `json:"domain,omitempty"`
-}
+// PubAck is the stream's acknowledgement of a stored message. Duplicate
+// reports that the stream already held a message with this Nats-Msg-Id
+// inside its duplicate window, and did not store it again.
+type PubAck = nats.PubAck
 
 // response is any JetStream API answer: a PubAck, stream info, or an error.
 type response struct {
