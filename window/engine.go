@@ -686,14 +686,7 @@ func (e *engine) advanceClock(ts int64) {
 		e.markDev(d)
 	}
 	if len(due) > 0 {
-		e.emitSorted(due)
-		seen := map[*device]bool{}
-		for _, w := range due {
-			if d := w.ser.dev; !seen[d] {
-				seen[d] = true
-				e.pruneDevice(d)
-			}
-		}
+		e.emitAndPrune(due)
 	}
 	e.due = due[:0]
 	for d := e.idleList.head; d != nil && d.lastSeen <= ts-e.expiryNs; d = e.idleList.head {
@@ -741,15 +734,20 @@ func (e *engine) flushPending() {
 	for w := range e.pending {
 		due = append(due, w)
 	}
-	e.emitSorted(due)
+	e.emitAndPrune(due)
+	e.due = due[:0]
+}
+
+// emitAndPrune emits ws in order, then prunes each device they belong to.
+func (e *engine) emitAndPrune(ws []*window) {
+	e.emitSorted(ws)
 	seen := map[*device]bool{}
-	for _, w := range due {
+	for _, w := range ws {
 		if d := w.ser.dev; !seen[d] {
 			seen[d] = true
 			e.pruneDevice(d)
 		}
 	}
-	e.due = due[:0]
 }
 
 // pruneTombstones forgets tombstones older than max_past_skew: no reading
