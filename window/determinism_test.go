@@ -254,3 +254,41 @@ func firstDiff(got, want []byte) string {
 	}
 	return fmt.Sprintf("one is a prefix of the other (%d vs %d lines)", len(g), len(w))
 }
+
+// TestBronzeRetentionWaitsForStateCheckpoint: Bronze may trim only what a
+// restart will not replay, so the stage reports the offset of its state
+// checkpoint to Bronze, not how far it has processed.
+func TestBronzeRetentionWaitsForStateCheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	br, err := buffer.Open(filepath.Join(dir, "bronze.db"), buffer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer br.Close()
+	appendAll(t, br, determinismStream(t, testConfig(t)))
+	db := openDB(t, filepath.Join(dir, "state.db"), true)
+	cfg := testConfig(t)
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	cfg.Clock = func() time.Time { return now } // no checkpoint falls due by time
+	cfg.CheckpointInterval = time.Hour
+	s, err := New(db, br, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Step()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Records == 0 || res.Offset == 0 {
+		t.Fatalf("the first step processed nothing: %+v", res)
+	}
+	if got := br.Checkpoint(); got != 0 {
+		t.Fatalf("after a step without a state checkpoint Bronze may trim through %d; want 0", got)
+	}
+	if err := s.Checkpoint(); err != nil {
+		t.Fatal(err)
+	}
+	if got := br.Checkpoint(); got != res.Offset {
+		t.Fatalf("after the checkpoint Bronze may trim through %d; want %d", got, res.Offset)
+	}
+}
