@@ -45,30 +45,31 @@ type Batch struct {
 // gateway's window.aggregates does not configure it.
 //
 // The field order is the order of the keys in the encoded map, chosen for
-// compression (measured in BenchmarkWireSize): the key string right after
-// the device it repeats, then what is constant within a batch, then the
-// float figures.
+// compression (measured in BenchmarkWireSize over every order of the
+// non-float keys): what is constant within a batch's run of one metric
+// first, then the key string, whose varying part (the device) ends it, right
+// before the device it repeats, then the float figures.
 type Aggregate struct {
-	Device string `cbor:"device"`
-	// Key is the idempotency key: gateway/device/metric/start/rev.
-	Key    string `cbor:"key"`
 	Metric string `cbor:"metric"`
 	// Start and End are the window bounds in Unix milliseconds, [start, end).
-	Start int64 `cbor:"start"`
-	End   int64 `cbor:"end"`
-	// Rev is the revision: 1 for the first emission of a window, higher for
-	// each update by late data or a replay.
-	Rev   uint32 `cbor:"rev"`
+	Start int64  `cbor:"start"`
+	End   int64  `cbor:"end"`
 	Count uint64 `cbor:"count"`
 	// ProcTime is true when at least one reading had no event time and was
 	// windowed by its received-at (processing time) instead.
-	ProcTime bool     `cbor:"ptime,omitempty"`
-	Min      *float64 `cbor:"min,omitempty"`
-	First    *float64 `cbor:"first,omitempty"`
-	Last     *float64 `cbor:"last,omitempty"`
-	Max      *float64 `cbor:"max,omitempty"`
-	Mean     *float64 `cbor:"mean,omitempty"`
-	Sum      *float64 `cbor:"sum,omitempty"`
+	ProcTime bool `cbor:"ptime,omitempty"`
+	// Key is the idempotency key: gateway/metric/start/device/rev.
+	Key    string `cbor:"key"`
+	Device string `cbor:"device"`
+	// Rev is the revision: 1 for the first emission of a window, higher for
+	// each update by late data or a replay.
+	Rev   uint32   `cbor:"rev"`
+	Min   *float64 `cbor:"min,omitempty"`
+	First *float64 `cbor:"first,omitempty"`
+	Last  *float64 `cbor:"last,omitempty"`
+	Max   *float64 `cbor:"max,omitempty"`
+	Mean  *float64 `cbor:"mean,omitempty"`
+	Sum   *float64 `cbor:"sum,omitempty"`
 }
 
 // Alert is one alert transition.
@@ -85,9 +86,15 @@ type Alert struct {
 	Suppressed uint32 `cbor:"suppressed,omitempty"`
 }
 
-// AggregateKey builds the deterministic idempotency key of an aggregate.
+// AggregateKey builds the deterministic idempotency key of an aggregate:
+// <gateway>/<metric>/<start>/<device>/<rev>. The device comes late, next to
+// the device key that follows it in the map, so that in a batch sorted by
+// metric the key differs from its neighbour's only where the rows differ
+// anyway (measured with the key order of Aggregate: 23.7 bytes an aggregate
+// on the wire, against 25.0 with gateway/device/metric/start/rev first in
+// the row).
 func AggregateKey(gateway, device, metric string, start int64, rev uint32) string {
-	return fmt.Sprintf("%s/%s/%s/%d/%d", gateway, device, metric, start, rev)
+	return fmt.Sprintf("%s/%s/%d/%s/%d", gateway, metric, start, device, rev)
 }
 
 // F returns a pointer to v, for filling the optional aggregates.
