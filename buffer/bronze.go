@@ -81,7 +81,7 @@ func Open(path string, opts Options) (*Bronze, error) {
 	if opts.Clock == nil {
 		opts.Clock = time.Now
 	}
-	bo := &bolt.Options{Timeout: 2 * time.Second, ReadOnly: opts.ReadOnly, FreelistType: bolt.FreelistMapType, NoFreelistSync: true}
+	bo := boltkv.Options(opts.ReadOnly)
 	if opts.ReadOnly {
 		if _, err := os.Stat(path); err != nil {
 			return nil, fmt.Errorf("open bronze %s: %w", path, err)
@@ -472,3 +472,7 @@ func (b *Bronze) Stats() (Stats, error) {
 	})
 	return s, err
 }
+
+// DropMapped takes the log's file pages out of the process's resident set;
+// see boltkv.DropMapped.
+func (b *Bronze) DropMapped() error { return boltkv.DropMapped(b.db) }

@@ -22,6 +22,7 @@ import (
 	"github.com/edgeagent/edgeagent/cmd/edgeagent/status"
 	"github.com/edgeagent/edgeagent/config"
 	"github.com/edgeagent/edgeagent/ingest"
+	"github.com/edgeagent/edgeagent/internal/boltkv"
 	"github.com/edgeagent/edgeagent/uplink"
 	"github.com/edgeagent/edgeagent/uplink/local"
 	"github.com/edgeagent/edgeagent/window"
@@ -170,7 +171,7 @@ func OpenState(dataDir string, readOnly bool) (*bolt.DB, error) {
 			return nil, fmt.Errorf("open state %s: %w", path, err)
 		}
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, ReadOnly: readOnly, FreelistType: bolt.FreelistMapType, NoFreelistSync: true})
+	db, err := bolt.Open(path, 0o600, boltkv.Options(readOnly))
 	if err != nil {
 		if errors.Is(err, bolt.ErrTimeout) {
 			return nil, fmt.Errorf("open state %s: locked by another process (is the agent running?): %w", path, err)
@@ -283,17 +284,20 @@ func (a *Agent) outboxEmpty() bool {
 	return err == nil && rows == 0 && a.Uplink.Stats().SealedBatches == 0
 }
 
-// trimLoop applies Bronze retention behind the window checkpoint.
+// trimLoop applies Bronze retention behind the window checkpoint every 5 s,
+// and every second takes the file pages bbolt's reads touched out of the
+// resident set (boltkv.DropMapped), so the agent's RSS is its heap, not
+// its data files.
 func (a *Agent) trimLoop(ctx context.Context) {
-	t := time.NewTicker(5 * time.Second)
+	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	for {
+	for tick := 1; ; tick++ {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		for {
+		for tick%5 == 0 {
 			n, err := a.Bronze.Trim(10_000)
 			if err != nil {
 				a.log.Error("bronze retention failed", "err", err)
@@ -302,6 +306,12 @@ func (a *Agent) trimLoop(ctx context.Context) {
 			if n < 10_000 {
 				break
 			}
+		}
+		if err := a.Bronze.DropMapped(); err != nil {
+			a.log.Warn("bronze: releasing mapped pages failed", "err", err)
+		}
+		if err := boltkv.DropMapped(a.State); err != nil {
+			a.log.Warn("state: releasing mapped pages failed", "err", err)
 		}
 	}
 }

@@ -1,0 +1,36 @@
+package boltkv
+
+import (
+	"fmt"
+	"os"
+	"syscall"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// DropMapped takes db's file pages out of the process's resident set
+// (madvise MADV_DONTNEED on bbolt's read-only shared map). bbolt reads
+// through that map, so every page a cursor ever touched — a Put's search
+// path, the old pages retention deletes, a checkpoint's rewrite — stays in
+// the agent's RSS until the kernel reclaims it; measured 35 to 74 MiB of
+// it in a 20 s load run. The pages stay in the page cache: the next read
+// of one is a minor fault, not I/O. Nothing is lost, since bbolt writes
+// with pwrite, never through the map.
+//
+// The read transaction holds bbolt's map lock, so no remap can move or
+// shrink the map while the advice is given; the range is the database's
+// high-water mark, which the map always covers.
+func DropMapped(db *bolt.DB) error {
+	return db.View(func(tx *bolt.Tx) error {
+		base := db.Info().Data
+		page := uintptr(os.Getpagesize())
+		n := (uintptr(tx.Size()) + page - 1) &^ (page - 1)
+		if base == 0 || n == 0 {
+			return nil
+		}
+		if _, _, errno := syscall.Syscall(syscall.SYS_MADVISE, base, n, syscall.MADV_DONTNEED); errno != 0 {
+			return fmt.Errorf("release mapped pages of %s: %w", db.Path(), errno)
+		}
+		return nil
+	})
+}
