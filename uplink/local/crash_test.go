@@ -119,13 +119,23 @@ func TestCrashBetweenPublishAndDelete(t *testing.T) {
 		}
 		return len(seen) == n
 	})
-	got := payloads(sub.got())
+	// A redelivery from the broker to the test's own subscriber (QoS 1
+	// after a reconnect under load) is not a republish by the publisher:
+	// it counts for the order of first occurrences, not against the bound
+	// on republished rows below.
+	all := sub.got()
+	got, redelivered := 0, 0
 	var first []string
 	seen := map[string]bool{}
-	for _, p := range got {
-		if !seen[p] {
-			seen[p] = true
-			first = append(first, p)
+	for _, m := range all {
+		if m.Redelivered {
+			redelivered++
+		} else {
+			got++
+		}
+		if !seen[m.Payload] {
+			seen[m.Payload] = true
+			first = append(first, m.Payload)
 		}
 	}
 	want := make([]string, n)
@@ -135,9 +145,9 @@ func TestCrashBetweenPublishAndDelete(t *testing.T) {
 	if !slices.Equal(first, want) {
 		t.Fatalf("first occurrences out of order:\n got %v\nwant %v", first, want)
 	}
-	dups := len(got) - n
+	dups := got - n
 	if dups > crashBatchRows {
 		t.Fatalf("%d duplicates, want at most the %d rows of one round", dups, crashBatchRows)
 	}
-	t.Logf("killed after %d messages; %d republished after the restart", before, dups)
+	t.Logf("killed after %d messages; %d republished after the restart; %d broker redeliveries to the subscriber", before, dups, redelivered)
 }

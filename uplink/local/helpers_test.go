@@ -72,6 +72,9 @@ type received struct {
 	Topic   string
 	Payload string
 	Retain  bool
+	// Redelivered is the MQTT DUP flag: the broker sent this message to
+	// the subscriber again (its acknowledgement was lost to a reconnect).
+	Redelivered bool
 }
 
 // subscriber collects every message on filter with QoS 1 and a persistent
@@ -86,7 +89,7 @@ func subscribe(t testing.TB, url, clientID, filter string) *subscriber {
 	s := &subscriber{}
 	handler := func(_ paho.Client, m paho.Message) {
 		s.mu.Lock()
-		s.msgs = append(s.msgs, received{m.Topic(), string(m.Payload()), m.Retained()})
+		s.msgs = append(s.msgs, received{m.Topic(), string(m.Payload()), m.Retained(), m.Duplicate()})
 		s.mu.Unlock()
 	}
 	opts := paho.NewClientOptions().AddBroker(url).SetClientID(clientID).
