@@ -88,10 +88,9 @@ type device struct {
 	lastSeen    int64 // logged clock (unix ns) of the last new reading
 	idle        bool  // idle-closed: in the idle list
 	series      map[string]*series
-	// dedup maps an event-id hash to the end of the reading's last window;
-	// the entry counts while that end is after finalBefore.
-	dedup      map[uint64]int64
-	dedupMin   int64
+	// dedup holds the event-id hashes by the end of the reading's last
+	// window; an id counts while that end is after finalBefore.
+	dedup      dedupSet
 	nextEmit   int64 // min end of windows not yet emitted
 	nextPrune  int64 // min end of emitted windows without pending changes
 	prev, next *device
@@ -135,13 +134,6 @@ type sub struct {
 type emission struct {
 	agg wire.Aggregate
 	at  int64 // logged clock, unix ms
-}
-
-// dedupGroup names one stored dedup row: a device's event ids whose last
-// window ends at lastEnd.
-type dedupGroup struct {
-	dev     string
-	lastEnd int64
 }
 
 // counters are the stage's cumulative counts; they are persisted with the
@@ -208,8 +200,10 @@ type engine struct {
 	dls       []DeadLetter
 	dirtyWins []*window
 	delWins   [][]byte
-	// dedupDirty are the dedup rows changed since the last checkpoint.
-	dedupDirty map[dedupGroup]struct{}
+	// dedupDirty are the devices whose dedup groups changed since the
+	// last checkpoint; dedupRows counts the rows that changed.
+	dedupDirty []*device
+	dedupRows  int
 	dirtyDevs  []*device
 	delDevs    []string
 	tombPut    []string
@@ -237,7 +231,6 @@ func newEngine(cfg *Config) *engine {
 		devices:    map[string]*device{},
 		tombstones: map[string]int64{},
 		pending:    map[*window]struct{}{},
-		dedupDirty: map[dedupGroup]struct{}{},
 	}
 	for _, s := range cfg.Subscriptions {
 		e.subs = append(e.subs, sub{s.Template, s.Format})
@@ -414,8 +407,8 @@ func (e *engine) metricName(prefix string, m []byte) []byte {
 
 func (e *engine) newDevice(name string) *device {
 	name = strings.Clone(name) // not a slice of the record's topic
-	d := &device{name: name, finalBefore: noTime, dedupMin: endless, nextEmit: endless, nextPrune: endless,
-		series: map[string]*series{}, dedup: map[uint64]int64{}}
+	d := &device{name: name, finalBefore: noTime, nextEmit: endless, nextPrune: endless,
+		series: map[string]*series{}}
 	if h, ok := e.tombstones[name]; ok {
 		// A device that expired comes back: windows it may have emitted
 		// stay final, so none restarts at rev 1 with other content.
@@ -438,6 +431,23 @@ func (e *engine) markDev(d *device) {
 	}
 }
 
+func (e *engine) markDedup(d *device) {
+	if !d.dedup.dirty {
+		d.dedup.dirty = true
+		e.dedupDirty = append(e.dedupDirty, d)
+	}
+}
+
+// pruneDedup drops d's dedup groups that end at or before finalBefore.
+func (e *engine) pruneDedup(d *device, finalBefore int64) {
+	groups, ids := d.dedup.prune(finalBefore)
+	if groups > 0 {
+		e.nDedup -= ids
+		e.dedupRows += groups
+		e.markDedup(d)
+	}
+}
+
 func (e *engine) markWin(w *window) {
 	if !w.dirty {
 		w.dirty = true
@@ -449,7 +459,7 @@ func (e *engine) lastStart(t int64) int64 { return floorDiv(t, e.slideMs) * e.sl
 
 func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string) {
 	if rd.hasID {
-		if le, ok := dev.dedup[rd.id]; ok && le > dev.finalBefore {
+		if dev.dedup.seen(rd.id, dev.finalBefore) {
 			e.c.Duplicates++
 			return
 		}
@@ -492,15 +502,11 @@ func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string)
 		}
 	}
 	if accepted && rd.hasID {
-		lastEnd := last + e.sizeMs
-		if old, ok := dev.dedup[rd.id]; ok {
-			e.dedupDirty[dedupGroup{dev.name, old}] = struct{}{}
-		} else {
-			e.nDedup++
+		if dev.dedup.add(rd.id, last+e.sizeMs) {
+			e.dedupRows++
 		}
-		dev.dedup[rd.id] = lastEnd
-		dev.dedupMin = min(dev.dedupMin, lastEnd)
-		e.dedupDirty[dedupGroup{dev.name, lastEnd}] = struct{}{}
+		e.nDedup++
+		e.markDedup(dev)
 	}
 	if accepted && t > e.c.MaxEventTime {
 		e.c.MaxEventTime = t
@@ -514,7 +520,7 @@ func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string)
 		dev.finalBefore = max(dev.finalBefore, t-e.delayMs-e.lateMs)
 	}
 	e.markDev(dev)
-	if wm := dev.wm(e.delayMs); wm >= dev.nextEmit || dev.finalBefore >= dev.nextPrune || dev.finalBefore >= dev.dedupMin {
+	if wm := dev.wm(e.delayMs); wm >= dev.nextEmit || dev.finalBefore >= dev.nextPrune || dev.finalBefore >= dev.dedup.minEnd() {
 		e.scanDevice(dev, wm)
 	}
 }
@@ -564,17 +570,8 @@ func (e *engine) pruneDevice(dev *device) {
 			delete(dev.series, name)
 		}
 	}
-	if dev.finalBefore >= dev.dedupMin {
-		dev.dedupMin = endless
-		for h, le := range dev.dedup {
-			if le <= dev.finalBefore {
-				delete(dev.dedup, h)
-				e.nDedup--
-				e.dedupDirty[dedupGroup{dev.name, le}] = struct{}{}
-			} else {
-				dev.dedupMin = min(dev.dedupMin, le)
-			}
-		}
+	if dev.finalBefore >= dev.dedup.minEnd() {
+		e.pruneDedup(dev, dev.finalBefore)
 	}
 }
 
@@ -713,10 +710,7 @@ func (e *engine) expire(d *device) {
 			e.dropWindow(w)
 		}
 	}
-	for _, le := range d.dedup {
-		e.dedupDirty[dedupGroup{d.name, le}] = struct{}{}
-	}
-	e.nDedup -= len(d.dedup)
+	e.pruneDedup(d, endless)
 	d.list.remove(d)
 	d.dead = true
 	delete(e.devices, d.name)
@@ -784,7 +778,11 @@ func (e *engine) resetDelta() {
 	}
 	e.dirtyWins = e.dirtyWins[:0]
 	e.delWins = e.delWins[:0]
-	clear(e.dedupDirty)
+	for _, d := range e.dedupDirty {
+		d.dedup.written()
+	}
+	e.dedupDirty = e.dedupDirty[:0]
+	e.dedupRows = 0
 	e.dirtyDevs = e.dirtyDevs[:0]
 	e.delDevs = e.delDevs[:0]
 	e.tombPut = e.tombPut[:0]
@@ -793,10 +791,10 @@ func (e *engine) resetDelta() {
 
 // deltaSize is the number of state rows the next checkpoint writes.
 func (e *engine) deltaSize() int {
-	return len(e.dirtyWins) + len(e.delWins) + len(e.dedupDirty) + len(e.dirtyDevs) + len(e.delDevs)
+	return len(e.dirtyWins) + len(e.delWins) + e.dedupRows + len(e.dirtyDevs) + len(e.delDevs)
 }
 
 // stateBytes estimates the in-memory state size.
 func (e *engine) stateBytes() int64 {
-	return int64(e.nWindows)*200 + int64(e.nDedup)*40 + int64(len(e.devices))*400 + int64(len(e.tombstones))*64
+	return int64(e.nWindows)*200 + int64(e.nDedup)*12 + int64(len(e.devices))*400 + int64(len(e.tombstones))*64
 }

@@ -2,7 +2,6 @@ package window
 
 import (
 	"bytes"
-	"cmp"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -84,65 +83,46 @@ func dedupKey(lastEnd int64, dev string) []byte {
 	return appendString(k, dev)
 }
 
-// writeDedup rewrites the changed dedup rows from the in-memory sets: one
-// row per (last window end, device) holding its event-id hashes, so a
-// checkpoint writes a row per device and window rather than one per reading.
+// writeDedup writes the changed dedup rows: one row per (last window end,
+// device) holding its event-id hashes, so a checkpoint writes a row per
+// device and window rather than one per reading. Rows of dropped groups
+// are deleted first; a group is only ever dropped once its end has passed
+// the device's horizon, so no put below reuses a deleted key.
 func writeDedup(b *bolt.Bucket, e *engine) error {
-	groups := make([]dedupGroup, 0, len(e.dedupDirty))
-	for g := range e.dedupDirty {
-		groups = append(groups, g)
-	}
-	slices.SortFunc(groups, func(a, b dedupGroup) int {
-		if a.dev != b.dev {
-			return strings.Compare(a.dev, b.dev)
-		}
-		return cmp.Compare(a.lastEnd, b.lastEnd)
-	})
 	type row struct {
-		k []byte
-		v []byte
+		k, v []byte
 	}
-	rows := make([]row, 0, len(groups))
-	hashes := map[int64][]uint64{}
-	for i := 0; i < len(groups); {
-		j := i
-		for j < len(groups) && groups[j].dev == groups[i].dev {
-			j++
+	var dels, puts []row
+	var arena []byte
+	for _, d := range e.dedupDirty {
+		for _, end := range d.dedup.dropped {
+			dels = append(dels, row{k: dedupKey(end, d.name)})
 		}
-		// One pass over the device's set fills all its changed groups; an
-		// expired device has none, and its rows are deleted.
-		clear(hashes)
-		if d := e.devices[groups[i].dev]; d != nil {
-			for _, g := range groups[i:j] {
-				hashes[g.lastEnd] = nil
+		for i := range d.dedup.groups {
+			g := &d.dedup.groups[i]
+			if !g.dirty {
+				continue
 			}
-			for h, le := range d.dedup {
-				if hs, ok := hashes[le]; ok {
-					hashes[le] = append(hs, h)
-				}
+			ids := slices.Clone(g.ids)
+			slices.Sort(ids)
+			grown := arena
+			for _, h := range ids {
+				grown = binary.BigEndian.AppendUint64(grown, h)
 			}
-		}
-		for _, g := range groups[i:j] {
 			var v []byte
-			if hs := hashes[g.lastEnd]; len(hs) > 0 {
-				slices.Sort(hs)
-				v = make([]byte, 0, 8*len(hs))
-				for _, h := range hs {
-					v = binary.BigEndian.AppendUint64(v, h)
-				}
-			}
-			rows = append(rows, row{dedupKey(g.lastEnd, g.dev), v})
+			arena, v = stash(arena, grown)
+			puts = append(puts, row{dedupKey(g.end, d.name), v})
 		}
-		i = j
 	}
-	slices.SortFunc(rows, func(a, b row) int { return bytes.Compare(a.k, b.k) })
-	for _, r := range rows {
-		if r.v == nil {
-			if err := b.Delete(r.k); err != nil {
-				return fmt.Errorf("delete dedup row: %w", err)
-			}
-			continue
+	byKey := func(a, b row) int { return bytes.Compare(a.k, b.k) }
+	slices.SortFunc(dels, byKey)
+	for _, r := range dels {
+		if err := b.Delete(r.k); err != nil {
+			return fmt.Errorf("delete dedup row: %w", err)
 		}
+	}
+	slices.SortFunc(puts, byKey)
+	for _, r := range puts {
 		if err := b.Put(r.k, r.v); err != nil {
 			return fmt.Errorf("put dedup row: %w", err)
 		}
@@ -340,8 +320,8 @@ func loadEngine(tx *bolt.Tx, cfg *Config) (*engine, error) {
 	e.revBase = uint32(getU64(r, keyRevBase))
 	var devs []*device
 	err := tx.Bucket(bucketDevices).ForEach(func(k, v []byte) error {
-		d := &device{name: string(k), dedupMin: endless, nextEmit: endless, nextPrune: endless,
-			series: map[string]*series{}, dedup: map[uint64]int64{}}
+		d := &device{name: string(k), nextEmit: endless, nextPrune: endless,
+			series: map[string]*series{}}
 		if err := decodeDevice(v, d); err != nil {
 			return fmt.Errorf("device %q: %w", k, err)
 		}
@@ -394,14 +374,12 @@ func loadEngine(tx *bolt.Tx, cfg *Config) (*engine, error) {
 		if d == nil {
 			return fmt.Errorf("%w: dedup row of unknown device %q", ErrCorruptState, devName)
 		}
+		ids := make([]uint64, 0, len(v)/8)
 		for ; len(v) > 0; v = v[8:] {
-			h := binary.BigEndian.Uint64(v)
-			if _, ok := d.dedup[h]; !ok {
-				e.nDedup++
-			}
-			d.dedup[h] = max(d.dedup[h], le)
+			ids = append(ids, binary.BigEndian.Uint64(v))
 		}
-		d.dedupMin = min(d.dedupMin, le)
+		d.dedup.load(le, ids)
+		e.nDedup += len(ids)
 		return nil
 	})
 	if err != nil {

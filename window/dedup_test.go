@@ -1,0 +1,85 @@
+package window
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+// TestDedupSetMatchesAMap drives a dedupSet the way the engine does —
+// lookups, adds of ids not seen under ends after the horizon, a horizon
+// that only grows, prunes — against the plain map it replaced (id → the
+// end it was last added under; it counts while that end is after the
+// horizon). Small id spaces make repeats and stale copies common, and
+// sets cross dedupIndexMin both ways.
+func TestDedupSetMatchesAMap(t *testing.T) {
+	for seed := range uint64(20) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		var s dedupSet
+		ref := map[uint64]int64{}
+		horizon := int64(-5)
+		idSpace := uint64(50 + rng.IntN(2000))
+		indexed := false
+		for step := range 20_000 {
+			switch r := rng.IntN(100); {
+			case r < 80:
+				id := rng.Uint64N(idSpace)
+				end := horizon + 1 + rng.Int64N(12)
+				want := false
+				if le, ok := ref[id]; ok && le > horizon {
+					want = true
+				}
+				if got := s.seen(id, horizon); got != want {
+					t.Fatalf("seed %d step %d: seen(%d) = %v, want %v", seed, step, id, got, want)
+				}
+				if !want {
+					s.add(id, end)
+					ref[id] = end
+				}
+			case r < 82:
+				// The horizon moves; the engine prunes at once, the test
+				// only sometimes, so groups past it are still looked at.
+				horizon += rng.Int64N(3)
+				if rng.IntN(3) == 0 {
+					s.prune(horizon)
+				}
+			default:
+				// What a checkpoint does between batches.
+				s.written()
+			}
+			indexed = indexed || s.index != nil
+			live := 0
+			for _, g := range s.groups {
+				live += len(g.ids)
+			}
+			if live != s.n {
+				t.Fatalf("seed %d step %d: n = %d, groups hold %d", seed, step, s.n, live)
+			}
+		}
+		if idSpace > dedupIndexMin*2 && !indexed {
+			t.Errorf("seed %d: %d ids never built the index", seed, idSpace)
+		}
+	}
+}
+
+func TestDedupSetDropsWholeGroupsInOrder(t *testing.T) {
+	var s dedupSet
+	for _, end := range []int64{30, 10, 20, 10} {
+		if !s.add(uint64(end), end) && end != 10 {
+			t.Errorf("add under a new end %d did not report a newly dirty group", end)
+		}
+	}
+	if s.minEnd() != 10 || len(s.groups) != 3 {
+		t.Fatalf("groups %+v, want ends 10, 20, 30", s.groups)
+	}
+	s.written()
+	groups, ids := s.prune(20)
+	if groups != 2 || ids != 3 || s.n != 1 || s.minEnd() != 30 {
+		t.Fatalf("prune(20) dropped %d groups, %d ids; left n=%d minEnd=%d", groups, ids, s.n, s.minEnd())
+	}
+	if len(s.dropped) != 2 || s.dropped[0] != 10 || s.dropped[1] != 20 {
+		t.Errorf("dropped ends %v, want [10 20] for the checkpoint to delete", s.dropped)
+	}
+	if s.seen(10, 20) || !s.seen(30, 20) {
+		t.Error("after prune(20): id 10 still seen or id 30 lost")
+	}
+}
