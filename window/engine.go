@@ -633,23 +633,25 @@ func (e *engine) aggregate(w *window, rev uint32) wire.Aggregate {
 	}
 	// The sum and mean of decimal readings, exactly (internal/decsum).
 	sum, mean := decsum.Snap(w.sum, w.count, w.min, w.max)
+	// One allocation for the six optional figures, not one each.
+	v := &[6]float64{sum, w.min, w.max, mean, w.first, w.last}
 	if e.aggs.sum {
-		a.Sum = wire.F(sum)
+		a.Sum = &v[0]
 	}
 	if e.aggs.min {
-		a.Min = wire.F(w.min)
+		a.Min = &v[1]
 	}
 	if e.aggs.max {
-		a.Max = wire.F(w.max)
+		a.Max = &v[2]
 	}
 	if e.aggs.mean {
-		a.Mean = wire.F(mean)
+		a.Mean = &v[3]
 	}
 	if e.aggs.first {
-		a.First = wire.F(w.first)
+		a.First = &v[4]
 	}
 	if e.aggs.last {
-		a.Last = wire.F(w.last)
+		a.Last = &v[5]
 	}
 	return a
 }

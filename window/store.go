@@ -59,7 +59,10 @@ func createBuckets(tx *bolt.Tx) error {
 }
 
 func windowKey(start int64, dev, metric string) []byte {
-	k := make([]byte, 0, 8+2+len(dev)+len(metric))
+	return appendWindowKey(make([]byte, 0, 8+2+len(dev)+len(metric)), start, dev, metric)
+}
+
+func appendWindowKey(k []byte, start int64, dev, metric string) []byte {
 	k = binary.BigEndian.AppendUint64(k, orderedInt(start))
 	k = appendString(k, dev)
 	return append(k, metric...)
@@ -501,9 +504,13 @@ func writeCheckpoint(tx *bolt.Tx, e *engine) error {
 		w *window
 	}
 	puts := make([]kw, 0, len(e.dirtyWins))
+	// Keys come from one arena too: a checkpoint can write 100,000 windows.
+	keys := make([]byte, 0, 48*len(e.dirtyWins))
 	for _, w := range e.dirtyWins {
 		if !w.dead {
-			puts = append(puts, kw{windowKey(w.start, w.ser.dev.name, w.ser.name), w})
+			var k []byte
+			keys, k = stash(keys, appendWindowKey(keys, w.start, w.ser.dev.name, w.ser.name))
+			puts = append(puts, kw{k, w})
 		}
 	}
 	slices.SortFunc(puts, func(a, b kw) int { return bytes.Compare(a.k, b.k) })
