@@ -113,9 +113,9 @@ func (p *pahoSource) start(ctx context.Context) error {
 // every message, one at a time.
 func (p *pahoSource) onMessage(_ paho.Client, m paho.Message) {
 	rec := p.in.classify(m.Topic(), m.Qos(), m.Retained(), m.Duplicate(), m.Payload())
-	var ack func()
+	var ack acker // a nil interface for QoS0, not a nil paho.Message
 	if m.Qos() > 0 {
-		ack = m.Ack
+		ack = m
 	}
 	p.in.handle(rec, ack) // not taken at shutdown: unacknowledged, redelivered
 }
