@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"unsafe"
 )
 
@@ -61,10 +62,16 @@ const (
 // ErrCorruptRecord is returned when a stored record cannot be decoded.
 var ErrCorruptRecord = errors.New("buffer: corrupt record")
 
-// EncodedSize is the number of bytes Encode will produce for r.
+// EncodedSize is the number of bytes AppendEncode will append for r. It is
+// exact: Append sizes its arena, which the in-memory tail keeps, and checks
+// MaxBytes with it.
 func (r *Record) EncodedSize() int {
-	return 2 + binary.MaxVarintLen64 + 2*binary.MaxVarintLen32 + len(r.Topic) + len(r.Reason) + len(r.Payload)
+	return 2 + uvarintLen(uint64(r.ReceivedAt)) + uvarintLen(uint64(len(r.Topic))) + len(r.Topic) +
+		uvarintLen(uint64(len(r.Reason))) + len(r.Reason) + len(r.Payload)
 }
+
+// uvarintLen is the length of binary.AppendUvarint's encoding of x.
+func uvarintLen(x uint64) int { return (bits.Len64(x|1) + 6) / 7 }
 
 // AppendEncode appends the stored form of r (without its sequence, which is
 // the key) to dst.
