@@ -43,7 +43,21 @@ func benchCPU(b *testing.B) time.Duration {
 // this unthrottled producer the groups are full (max_commit_records), so
 // the per-commit cost is spread thinly; ns/op includes fdatasync and is
 // noisy, allocs and bytes are the stable figures.
-func BenchmarkHandleCommit(b *testing.B) {
+func BenchmarkHandleCommit(b *testing.B) { benchHandleCommit(b, 5*time.Millisecond, 0) }
+
+// BenchmarkHandleCommitPaced feeds 20,000 messages a second, about the
+// load rig's rate, in bursts of 20 a millisecond, so the commit interval
+// decides the group size: it shows what a longer linger saves per message
+// (CPU) and what it costs (ack latency, about interval + commit).
+func BenchmarkHandleCommitPaced(b *testing.B) {
+	for _, iv := range []time.Duration{2 * time.Millisecond, 5 * time.Millisecond, 10 * time.Millisecond} {
+		b.Run(fmt.Sprintf("interval=%s", iv), func(b *testing.B) { benchHandleCommit(b, iv, 20) })
+	}
+}
+
+// benchHandleCommit runs b.N messages through, perMilli a millisecond (0:
+// as fast as the committer takes them).
+func benchHandleCommit(b *testing.B, interval time.Duration, perMilli int) {
 	bz, err := buffer.Open(filepath.Join(b.TempDir(), "bronze.db"), buffer.Options{})
 	if err != nil {
 		b.Fatal(err)
@@ -51,7 +65,7 @@ func BenchmarkHandleCommit(b *testing.B) {
 	defer bz.Close()
 	cfg := testConfig(b, "tcp://127.0.0.1:1", "bench", nil)
 	cfg.MaxCommitRecords = 1000
-	cfg.CommitInterval = 5 * time.Millisecond
+	cfg.CommitInterval = interval
 	in, err := New(bz, cfg)
 	if err != nil {
 		b.Fatal(err)
@@ -76,7 +90,16 @@ func BenchmarkHandleCommit(b *testing.B) {
 	commits := in.stats.Commits.Load()
 	b.ReportAllocs()
 	b.ResetTimer()
+	var tick <-chan time.Time
+	if perMilli > 0 {
+		t := time.NewTicker(time.Millisecond)
+		defer t.Stop()
+		tick = t.C
+	}
 	for i := range b.N {
+		if tick != nil && i%perMilli == 0 {
+			<-tick
+		}
 		src.onMessage(nil, &msgs[i%len(msgs)])
 	}
 	for acked.Load() < uint64(b.N) {
@@ -87,5 +110,7 @@ func BenchmarkHandleCommit(b *testing.B) {
 	runtime.ReadMemStats(&after)
 	b.ReportMetric(float64(after.Mallocs-mem.Mallocs)/float64(b.N), "allocs/msg")
 	b.ReportMetric(float64((benchCPU(b)-cpu).Nanoseconds())/float64(b.N), "cpu-ns/msg")
-	b.ReportMetric(float64(b.N)/float64(max(in.stats.Commits.Load()-commits, 1)), "msgs/commit")
+	n := max(in.stats.Commits.Load()-commits, 1)
+	b.ReportMetric(float64(b.N)/float64(n), "msgs/commit")
+	b.ReportMetric(float64(in.stats.CommitNanos.Load())/float64(in.stats.Commits.Load())/1e6, "ms/commit")
 }
