@@ -275,8 +275,9 @@ func (b *Bronze) readTail(from uint64, max int) (out []Record, ok bool, err erro
 				start = c.ends[i-1]
 			}
 			seq := c.first + uint64(i)
-			// The arena is never written again: records alias it.
-			r, err := DecodeRecord(seq, c.arena[start+8:c.ends[i]:c.ends[i]])
+			// The arena is never written again: records alias it, their
+			// strings included.
+			r, err := decodeRecord(seq, c.arena[start+8:c.ends[i]:c.ends[i]], true)
 			if err != nil {
 				return nil, true, err
 			}
@@ -290,8 +291,10 @@ func (b *Bronze) readTail(from uint64, max int) (out []Record, ok bool, err erro
 	return out, true, nil
 }
 
-// Read returns up to max records with Seq >= from, in order. The records own
-// their memory.
+// Read returns up to max records with Seq >= from, in order. The records
+// stay valid for as long as the caller keeps them, but their Payload (and
+// the bytes behind Topic) may be shared with the log's in-memory tail and
+// other reads: read-only.
 func (b *Bronze) Read(from uint64, max int) ([]Record, error) {
 	if b.closed.Load() {
 		return nil, ErrClosed

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"testing"
 )
 
@@ -87,4 +88,36 @@ func TestReadFromTailMatchesStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	sameRecords(t, "after reopen", got, readStored(t, b, total-10, 100))
+}
+
+// TestTailRecordsOutliveEviction: records read from the tail alias its
+// arenas, strings included; they stay intact after the tail dropped those
+// arenas and later appends and collections ran.
+func TestTailRecordsOutliveEviction(t *testing.T) {
+	b, err := Open(filepath.Join(t.TempDir(), "bronze.db"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	src := benchRecords(1000)
+	if err := b.Append(src[:100]); err != nil {
+		t.Fatal(err)
+	}
+	held, err := b.Read(1, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := readStored(t, b, 1, 100)
+	for b.tail[0].first == 1 { // push the first chunk out of the tail
+		recs := append([]Record(nil), src...)
+		for i := range recs {
+			recs[i].Topic = fmt.Sprintf("other/%d/x", i)
+			recs[i].Payload = bytes.Repeat([]byte{'z'}, len(recs[i].Payload))
+		}
+		if err := b.Append(recs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtime.GC()
+	sameRecords(t, "records held across eviction", held, want)
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
+	"unsafe"
 )
 
 // Kind says what a Bronze record holds.
@@ -60,10 +62,16 @@ const (
 // ErrCorruptRecord is returned when a stored record cannot be decoded.
 var ErrCorruptRecord = errors.New("buffer: corrupt record")
 
-// EncodedSize is the number of bytes Encode will produce for r.
+// EncodedSize is the number of bytes AppendEncode will append for r. It is
+// exact: Append sizes its arena, which the in-memory tail keeps, and checks
+// MaxBytes with it.
 func (r *Record) EncodedSize() int {
-	return 2 + binary.MaxVarintLen64 + 2*binary.MaxVarintLen32 + len(r.Topic) + len(r.Reason) + len(r.Payload)
+	return 2 + uvarintLen(uint64(r.ReceivedAt)) + uvarintLen(uint64(len(r.Topic))) + len(r.Topic) +
+		uvarintLen(uint64(len(r.Reason))) + len(r.Reason) + len(r.Payload)
 }
+
+// uvarintLen is the length of binary.AppendUvarint's encoding of x.
+func uvarintLen(x uint64) int { return (bits.Len64(x|1) + 6) / 7 }
 
 // AppendEncode appends the stored form of r (without its sequence, which is
 // the key) to dst.
@@ -90,6 +98,21 @@ func (r *Record) AppendEncode(dst []byte) []byte {
 // DecodeRecord decodes a stored record. The returned record's Payload
 // aliases b; callers that keep it past a bbolt transaction must copy b first.
 func DecodeRecord(seq uint64, b []byte) (Record, error) {
+	return decodeRecord(seq, b, false)
+}
+
+// decodeRecord decodes like DecodeRecord; with frozen, Topic and Reason
+// alias b instead of copying it (one allocation a record less). Only for
+// memory that is never written again while any record may refer to it —
+// Bronze's committed tail arenas — never for bbolt's map, which is
+// unmapped on remap and close.
+func decodeRecord(seq uint64, b []byte, frozen bool) (Record, error) {
+	str := func(s []byte) string {
+		if frozen {
+			return unsafe.String(unsafe.SliceData(s), len(s))
+		}
+		return string(s)
+	}
 	r := Record{Seq: seq}
 	if len(b) < 2 {
 		return r, fmt.Errorf("%w: seq %d: %d bytes", ErrCorruptRecord, seq, len(b))
@@ -113,11 +136,11 @@ func DecodeRecord(seq uint64, b []byte) (Record, error) {
 	if s, rest, err = readString(rest); err != nil {
 		return r, fmt.Errorf("%w: seq %d: topic: %v", ErrCorruptRecord, seq, err)
 	}
-	r.Topic = string(s)
+	r.Topic = str(s)
 	if s, rest, err = readString(rest); err != nil {
 		return r, fmt.Errorf("%w: seq %d: reason: %v", ErrCorruptRecord, seq, err)
 	}
-	r.Reason = string(s)
+	r.Reason = str(s)
 	r.Payload = rest
 	return r, nil
 }

@@ -10,11 +10,13 @@ func TestRecordRoundTrip(t *testing.T) {
 	cases := []Record{
 		{Kind: KindMessage, ReceivedAt: 1795979627379582613, Topic: "sensors/d1/telemetry", QoS: 1, Payload: []byte(`{"id":1}`)},
 		{Kind: KindTick, ReceivedAt: 1},
+		{Kind: KindTick, ReceivedAt: -1},
+		{Kind: KindMessage, ReceivedAt: 127, Topic: string(bytes.Repeat([]byte("t"), 128)), Payload: []byte{}},
 		{Kind: KindRejected, ReceivedAt: 5, Topic: "x/y", QoS: 2, Retained: true, Duplicate: true, Reason: "payload_too_large: 5000 bytes", Payload: bytes.Repeat([]byte{0}, 256)},
 	}
 	for _, want := range cases {
 		enc := want.AppendEncode(nil)
-		if len(enc) > want.EncodedSize() {
+		if len(enc) != want.EncodedSize() {
 			t.Errorf("encoded %d bytes, EncodedSize said %d", len(enc), want.EncodedSize())
 		}
 		got, err := DecodeRecord(7, enc)

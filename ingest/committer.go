@@ -16,11 +16,20 @@ type Appender interface {
 	Append(recs []buffer.Record) error
 }
 
+// acker acknowledges one message to its broker: a paho.Message itself, so
+// the handler hands it over without allocating a method value per message.
+type acker interface{ Ack() }
+
+// ackFunc adapts a function to acker.
+type ackFunc func()
+
+func (f ackFunc) Ack() { f() }
+
 // pending is one received message waiting for its group commit.
 type pending struct {
 	rec buffer.Record
 	// ack acknowledges the message to its broker; nil for QoS0 and ticks.
-	ack func()
+	ack acker
 	// stored is set once the record committed (and was acknowledged), so a
 	// batch split by a full Bronze is not stored twice at shutdown.
 	stored bool
@@ -227,7 +236,7 @@ func (c *committer) commit(ctx context.Context, batch []pending, recs []buffer.R
 	for i := range batch {
 		batch[i].stored = true
 		if batch[i].ack != nil {
-			batch[i].ack()
+			batch[i].ack.Ack()
 			c.stats.Acked.Add(1)
 		}
 	}

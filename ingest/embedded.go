@@ -95,7 +95,7 @@ func (h *ingestHook) OnPublish(cl *mochi.Client, pk packets.Packet) (packets.Pac
 		return pk, nil
 	}
 	done := make(chan struct{})
-	if !h.in.handle(rec, func() { close(done) }) {
+	if !h.in.handle(rec, ackFunc(func() { close(done) })) {
 		return pk, packets.ErrRejectPacket // shutting down: no PUBACK, the device resends
 	}
 	select {

@@ -235,7 +235,7 @@ func (in *Ingester) matches(topicName string) bool {
 // handle hands a record to the committer, blocking while it is busy (which
 // pushes back on the broker). It returns false when shutdown began and the
 // message was not taken: the caller must not acknowledge it.
-func (in *Ingester) handle(rec buffer.Record, ack func()) bool {
+func (in *Ingester) handle(rec buffer.Record, ack acker) bool {
 	select {
 	case in.com.in <- pending{rec: rec, ack: ack}:
 		in.stats.Received.Add(1)

@@ -56,15 +56,7 @@ func (p *pahoSource) start(ctx context.Context) error {
 			opts.SetCustomOpenConnectionFn(dial)
 		}
 	}
-	handler := func(_ paho.Client, m paho.Message) {
-		rec := p.in.classify(m.Topic(), m.Qos(), m.Retained(), m.Duplicate(), m.Payload())
-		var ack func()
-		if m.Qos() > 0 {
-			ack = m.Ack
-		}
-		p.in.handle(rec, ack) // not taken at shutdown: unacknowledged, redelivered
-	}
-	opts.SetDefaultPublishHandler(handler)
+	opts.SetDefaultPublishHandler(p.onMessage)
 	opts.SetOnConnectHandler(func(c paho.Client) {
 		// Subscribe on every connect: with a persistent session the broker
 		// usually remembers, but not after it lost its own state.
@@ -115,6 +107,17 @@ func (p *pahoSource) start(ctx context.Context) error {
 	}()
 	log.Info("connecting to broker", "broker", cfg.Broker)
 	return nil
+}
+
+// onMessage hands a received message to the committer; paho calls it for
+// every message, one at a time.
+func (p *pahoSource) onMessage(_ paho.Client, m paho.Message) {
+	rec := p.in.classify(m.Topic(), m.Qos(), m.Retained(), m.Duplicate(), m.Payload())
+	var ack acker // a nil interface for QoS0, not a nil paho.Message
+	if m.Qos() > 0 {
+		ack = m
+	}
+	p.in.handle(rec, ack) // not taken at shutdown: unacknowledged, redelivered
 }
 
 func (p *pahoSource) stop() {
