@@ -135,8 +135,11 @@ var (
 // MarshalCBOR-free helpers: these are the only encoders the agent uses, so the
 // byte form of a value is fixed by this package.
 
-// EncodeAggregate encodes one aggregate as a CBOR map.
-func EncodeAggregate(a *Aggregate) ([]byte, error) { return encMode.Marshal(a) }
+// EncodeAggregate encodes one aggregate as a CBOR map. The error is always
+// nil; it stays for callers written against the reflection encoder.
+func EncodeAggregate(a *Aggregate) ([]byte, error) {
+	return AppendAggregate(make([]byte, 0, aggregateSize(a)), a), nil
+}
 
 // DecodeAggregate decodes one CBOR-encoded aggregate.
 func DecodeAggregate(b []byte, a *Aggregate) error {
@@ -146,8 +149,9 @@ func DecodeAggregate(b []byte, a *Aggregate) error {
 	return nil
 }
 
-// EncodeAlert encodes one alert transition as a CBOR map.
-func EncodeAlert(a *Alert) ([]byte, error) { return encMode.Marshal(a) }
+// EncodeAlert encodes one alert transition as a CBOR map. The error is
+// always nil, as EncodeAggregate's.
+func EncodeAlert(a *Alert) ([]byte, error) { return AppendAlert(nil, a), nil }
 
 // DecodeAlert decodes one CBOR-encoded alert transition.
 func DecodeAlert(b []byte, a *Alert) error {
