@@ -8,6 +8,7 @@
 package outbox
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -128,22 +129,25 @@ func Delete(tx *bolt.Tx, seqs ...uint64) error {
 	if b == nil {
 		return nil
 	}
-	var rows, bytes int64
-	// bbolt keeps neither Get's nor Delete's key: one buffer serves all.
-	k := make([]byte, 8)
+	var rows, size int64
+	// One cursor for every row: a Get and a Delete are a search each, and
+	// a new cursor each, which allocates its stack. Seek does not keep its
+	// key, so one key buffer serves all.
+	c := b.Cursor()
+	key := make([]byte, 8)
 	for _, s := range seqs {
-		binary.BigEndian.PutUint64(k, s)
-		v := b.Get(k)
-		if v == nil {
+		binary.BigEndian.PutUint64(key, s)
+		k, v := c.Seek(key)
+		if !bytes.Equal(k, key) {
 			continue
 		}
 		rows--
-		bytes -= int64(8 + len(v))
-		if err := b.Delete(k); err != nil {
+		size -= int64(8 + len(v))
+		if err := c.Delete(); err != nil {
 			return fmt.Errorf("outbox: delete %d: %w", s, err)
 		}
 	}
-	return addMeta(tx, rows, bytes)
+	return addMeta(tx, rows, size)
 }
 
 // Stats is the outbox's size.

@@ -57,7 +57,8 @@ func TestAppendReadDeleteKeepStats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := db.Update(func(tx *bolt.Tx) error { return Delete(tx, 1, 3, 99) }); err != nil {
+	// Unordered, repeated and absent sequences.
+	if err := db.Update(func(tx *bolt.Tx) error { return Delete(tx, 3, 1, 3, 99, 1) }); err != nil {
 		t.Fatal(err)
 	}
 	err = db.View(func(tx *bolt.Tx) error {
