@@ -62,6 +62,7 @@ func BenchmarkOutbox(b *testing.B) {
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*benchRows), "ns/row")
 	})
 	b.Run("read", func(b *testing.B) {
+		deleteAll() // the function runs more than once
 		appendAll()
 		for b.Loop() {
 			n := 0
