@@ -127,3 +127,71 @@ func BenchmarkDrain(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSealRound measures one sealing round without a link: plan 4000
+// outbox rows (8 batches of 500) in a read transaction, build the batches
+// (sort, frame, compress), and apply them in a write transaction. Filling
+// the outbox and removing the sealed batches are not timed.
+func BenchmarkSealRound(b *testing.B) {
+	const batches, per = 8, 500
+	db := openDB(b)
+	cfg := natsConfig("nats://127.0.0.1:1")
+	cfg.Gateway = testGateway
+	cfg.Logger = testLogger()
+	cfg.MaxBatchRecords = per
+	u, err := New(db, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	g := synthetic.New(testGateway, 1000, 1)
+	rows := make([][]byte, batches*per)
+	var a wire.Aggregate
+	for i := range rows {
+		g.Next(&a)
+		if rows[i], err = wire.EncodeAggregate(&a); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var from uint64
+	for b.Loop() {
+		b.StopTimer()
+		if err := db.Update(func(tx *bolt.Tx) error {
+			for _, r := range rows {
+				if _, err := outbox.Append(tx, outbox.KindAggregate, 1767225600000, r); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		var p sealPlan
+		if err := db.View(func(tx *bolt.Tx) (err error) {
+			p, err = u.plan(tx, from, sealPerRound, true)
+			return err
+		}); err != nil {
+			b.Fatal(err)
+		}
+		if err := p.build(u); err != nil {
+			b.Fatal(err)
+		}
+		if err := db.Update(func(tx *bolt.Tx) error { return apply(tx, &p) }); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		if len(p.batches) != batches {
+			b.Fatalf("sealed %d batches, want %d", len(p.batches), batches)
+		}
+		from = p.next
+		firsts := make([]uint64, len(p.batches))
+		for i := range p.batches {
+			firsts[i] = p.batches[i].first
+		}
+		if err := db.Update(func(tx *bolt.Tx) error { return deleteSealed(tx, firsts...) }); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batches*per), "ns/agg")
+}

@@ -3,6 +3,7 @@ package uplink
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"runtime"
@@ -99,7 +100,7 @@ func (u *Uplink) plan(tx *bolt.Tx, from uint64, maxBatches int, partial bool) (p
 		if len(rows) == 0 {
 			break
 		}
-		for _, e := range rows {
+		for i, e := range rows {
 			seq = e.Seq + 1
 			if e.Kind != outbox.KindAggregate && e.Kind != outbox.KindAlert {
 				if e.Kind != outbox.KindLocal {
@@ -130,6 +131,10 @@ func (u *Uplink) plan(tx *bolt.Tx, from uint64, maxBatches int, partial bool) (p
 			}
 			if cur.records() == 0 {
 				cur.first, cur.oldest = e.Seq, e.EmittedAt
+				// Room for a whole batch, or for the rest of the rows
+				// read if fewer, not ten reallocations a batch.
+				n := min(u.cfg.MaxBatchRecords, len(rows)-i)
+				cur.aggs, cur.seqs = make([][]byte, 0, n), make([]uint64, 0, n)
 			}
 			if e.Kind == outbox.KindAggregate {
 				cur.aggs = append(cur.aggs, e.Data)
@@ -197,17 +202,28 @@ func (u *Uplink) build(b *batchBuilder) (sealed, error) {
 			h.Write(item)
 		}
 	}
-	sum := h.Sum(nil)
-	id := u.cfg.Gateway + "-" + strconv.FormatUint(b.first, 10) + "-" + strconv.FormatUint(b.last, 10) + "-" + fmt.Sprintf("%x", sum[:8])
-	body, err := wire.EncodeBatchRaw(u.cfg.Gateway, id, b.aggs, b.alerts, u.enc)
-	if err != nil {
-		return sealed{}, fmt.Errorf("seal batch %s: %w", id, err)
-	}
-	return sealed{
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	id := make([]byte, 0, len(u.cfg.Gateway)+2*20+16+3)
+	id = append(id, u.cfg.Gateway...)
+	id = strconv.AppendUint(append(id, '-'), b.first, 10)
+	id = strconv.AppendUint(append(id, '-'), b.last, 10)
+	id = hex.AppendEncode(append(id, '-'), sum[:8])
+	s := sealed{
 		first: b.first, last: b.last, oldest: b.oldest,
 		aggregates: len(b.aggs), alerts: len(b.alerts),
-		id: id, encoding: u.enc, body: body,
-	}, nil
+		id: string(id), encoding: u.enc,
+	}
+	// The stored form is built here, the body right after its header, so
+	// that storing the batch does not copy the body again.
+	v := s.appendHeader(make([]byte, 0, 64+len(s.id)+len(s.encoding)))
+	hdr := len(v)
+	v, err := wire.AppendBatchBody(v, u.cfg.Gateway, s.id, b.aggs, b.alerts, u.enc)
+	if err != nil {
+		return sealed{}, fmt.Errorf("seal batch %s: %w", s.id, err)
+	}
+	s.stored, s.body = v, v[hdr:]
+	return s, nil
 }
 
 // validateRow checks that a row is one well-formed CBOR map, the property

@@ -2,7 +2,11 @@ package uplink
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -350,6 +354,58 @@ func TestSealedRecordRoundTrip(t *testing.T) {
 	for i := 0; i < len(v)-len(s.body); i++ {
 		if _, err := unmarshalSealed(boltkv.Key(7), v[:i]); err == nil {
 			t.Fatalf("truncated record of %d bytes decoded", i)
+		}
+	}
+}
+
+// build writes the stored form in one buffer; it must equal marshal's, and
+// the id and body must be what the format says: the SHA-256 id of the
+// sorted rows, and EncodeBatchRaw's body.
+func TestBuildMatchesReference(t *testing.T) {
+	fx := makeFixture(t, 20, 3)
+	var aggs, alerts [][]byte
+	for _, r := range fx.rows {
+		switch r.kind {
+		case outbox.KindAggregate:
+			aggs = append(aggs, r.data)
+		case outbox.KindAlert:
+			alerts = append(alerts, r.data)
+		}
+	}
+	if len(alerts) == 0 {
+		t.Fatal("the fixture has no alerts")
+	}
+	for _, comp := range []string{"zstd", "none"} {
+		u := newTestUplink(t, openDB(t), func(c *Config) { c.Compression = comp })
+		b := batchBuilder{aggs: slices.Clone(aggs), alerts: alerts, first: 3, last: 9000, oldest: -7}
+		s, err := u.build(&b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sorted := slices.Clone(aggs)
+		wire.SortAggregates(sorted)
+		h := sha256.New()
+		for _, list := range [][][]byte{sorted, alerts} {
+			h.Write(binary.AppendUvarint(nil, uint64(len(list))))
+			for _, item := range list {
+				h.Write(item)
+			}
+		}
+		wantID := fmt.Sprintf("%s-3-9000-%x", testGateway, h.Sum(nil)[:8])
+		if s.id != wantID {
+			t.Fatalf("%s: id %q, want %q", comp, s.id, wantID)
+		}
+		body, err := wire.EncodeBatchRaw(testGateway, wantID, sorted, alerts, u.enc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(s.body, body) {
+			t.Fatalf("%s: body differs from EncodeBatchRaw's", comp)
+		}
+		plain := s
+		plain.stored = nil
+		if !bytes.Equal(s.marshal(), plain.marshal()) {
+			t.Fatalf("%s: build's stored form differs from marshal's", comp)
 		}
 	}
 }

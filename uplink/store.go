@@ -57,6 +57,9 @@ type sealed struct {
 	id          string
 	encoding    string
 	body        []byte
+	// stored is the marshalled form when build made it, with body a
+	// slice of its tail: putSealed then writes it without a copy.
+	stored []byte
 }
 
 // size is what the batch occupies in the database, the figure the outbox
@@ -64,7 +67,15 @@ type sealed struct {
 func (s *sealed) size() int { return 8 + len(s.marshal()) }
 
 func (s *sealed) marshal() []byte {
-	v := make([]byte, 0, 48+len(s.id)+len(s.encoding)+len(s.body))
+	if s.stored != nil {
+		return s.stored
+	}
+	v := s.appendHeader(make([]byte, 0, 48+len(s.id)+len(s.encoding)+len(s.body)))
+	return append(v, s.body...)
+}
+
+// appendHeader appends what the stored form holds before the body.
+func (s *sealed) appendHeader(v []byte) []byte {
 	v = append(v, sealedFormat)
 	v = binary.AppendUvarint(v, s.last)
 	v = binary.AppendVarint(v, s.oldest)
@@ -73,14 +84,25 @@ func (s *sealed) marshal() []byte {
 	v = binary.AppendUvarint(v, uint64(len(s.id)))
 	v = append(v, s.id...)
 	v = binary.AppendUvarint(v, uint64(len(s.encoding)))
-	v = append(v, s.encoding...)
-	return append(v, s.body...)
+	return append(v, s.encoding...)
 }
 
+// unmarshalSealed decodes a stored batch, its body copied out of the
+// transaction.
 func unmarshalSealed(k, v []byte) (sealed, error) {
-	var s sealed
+	s, body, err := unmarshalHeader(k, v)
+	if err != nil {
+		return s, err
+	}
+	s.body = append([]byte(nil), body...)
+	return s, nil
+}
+
+// unmarshalHeader decodes a stored batch's header and returns its body,
+// which is v's tail: valid only as long as v.
+func unmarshalHeader(k, v []byte) (s sealed, body []byte, err error) {
 	if len(k) != 8 || len(v) < 1 || v[0] != sealedFormat {
-		return s, fmt.Errorf("%w: key %x", ErrCorrupt, k)
+		return s, nil, fmt.Errorf("%w: key %x", ErrCorrupt, k)
 	}
 	s.first = binary.BigEndian.Uint64(k)
 	r := v[1:]
@@ -95,17 +117,17 @@ func unmarshalSealed(k, v []byte) (sealed, error) {
 	}
 	var ok bool
 	if s.last, ok = uv(); !ok {
-		return s, bad("last")
+		return s, nil, bad("last")
 	}
 	oldest, n := binary.Varint(r)
 	if n <= 0 {
-		return s, bad("oldest")
+		return s, nil, bad("oldest")
 	}
 	s.oldest, r = oldest, r[n:]
 	aggs, ok1 := uv()
 	alerts, ok2 := uv()
 	if !ok1 || !ok2 || aggs > 1<<31 || alerts > 1<<31 {
-		return s, bad("counts")
+		return s, nil, bad("counts")
 	}
 	s.aggregates, s.alerts = int(aggs), int(alerts)
 	str := func() (string, bool) {
@@ -118,13 +140,12 @@ func unmarshalSealed(k, v []byte) (sealed, error) {
 		return x, true
 	}
 	if s.id, ok = str(); !ok {
-		return s, bad("id")
+		return s, nil, bad("id")
 	}
 	if s.encoding, ok = str(); !ok {
-		return s, bad("encoding")
+		return s, nil, bad("encoding")
 	}
-	s.body = append([]byte(nil), r...)
-	return s, nil
+	return s, r, nil
 }
 
 // putSealed stores a batch and counts it.
@@ -202,7 +223,7 @@ func ReadBacklog(tx *bolt.Tx) (Backlog, error) {
 	bl.Batches, bl.Bytes = boltkv.Uint(m, keyBatches), boltkv.Uint(m, keyBytes)
 	if b := tx.Bucket(bucketBatches); b != nil {
 		if k, v := b.Cursor().First(); k != nil {
-			s, err := unmarshalSealed(k, v)
+			s, _, err := unmarshalHeader(k, v)
 			if err != nil {
 				return bl, err
 			}

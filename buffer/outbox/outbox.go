@@ -8,6 +8,7 @@
 package outbox
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -71,11 +72,14 @@ func Append(tx *bolt.Tx, kind Kind, emittedAt int64, data []byte) (uint64, error
 	if err != nil {
 		return 0, fmt.Errorf("outbox: next sequence: %w", err)
 	}
-	v := make([]byte, 0, 1+binary.MaxVarintLen64+len(data))
-	v = append(v, byte(kind))
+	// The key and the value in one allocation. bbolt keeps the value
+	// until the transaction ends, so it is new memory every time.
+	buf := make([]byte, 8, 8+1+binary.MaxVarintLen64+len(data))
+	binary.BigEndian.PutUint64(buf, seq)
+	v := append(buf[8:], byte(kind))
 	v = binary.AppendVarint(v, emittedAt)
 	v = append(v, data...)
-	if err := b.Put(boltkv.Key(seq), v); err != nil {
+	if err := b.Put(buf[:8:8], v); err != nil {
 		return 0, fmt.Errorf("outbox: put %d: %w", seq, err)
 	}
 	if err := addMeta(tx, 1, int64(8+len(v))); err != nil {
@@ -85,23 +89,39 @@ func Append(tx *bolt.Tx, kind Kind, emittedAt int64, data []byte) (uint64, error
 }
 
 // Read returns up to max entries with sequence >= from, oldest first. The
-// entries' Data is copied and outlives the transaction.
+// entries' Data is copied and outlives the transaction; the copies share a
+// few larger buffers, each of which lives as long as any entry in it.
 func Read(tx *bolt.Tx, from uint64, max int) ([]Entry, error) {
 	b := tx.Bucket(bucketRows)
-	if b == nil {
+	if b == nil || max <= 0 {
 		return nil, nil
 	}
-	var out []Entry
+	out := make([]Entry, 0, min(max, 128))
+	var slab []byte
 	c := b.Cursor()
 	for k, v := c.Seek(boltkv.Key(from)); k != nil && len(out) < max; k, v = c.Next() {
-		e, err := decode(k, v)
+		e, n, err := decode(k, v)
 		if err != nil {
 			return out, err
 		}
+		data := v[n:]
+		if cap(slab)-len(slab) < len(data) {
+			size := readSlab
+			if len(data) > size {
+				size = len(data)
+			}
+			slab = make([]byte, 0, size)
+		}
+		slab = append(slab, data...)
+		e.Data = slab[len(slab)-len(data) : len(slab) : len(slab)]
 		out = append(out, e)
 	}
 	return out, nil
 }
+
+// readSlab is the size of the buffers Read copies entries' data into: one
+// allocation for about a hundred aggregates instead of one each.
+const readSlab = 32 << 10
 
 // Delete removes the entries with the given sequences (absent ones are skipped).
 func Delete(tx *bolt.Tx, seqs ...uint64) error {
@@ -109,20 +129,25 @@ func Delete(tx *bolt.Tx, seqs ...uint64) error {
 	if b == nil {
 		return nil
 	}
-	var rows, bytes int64
+	var rows, size int64
+	// One cursor for every row: a Get and a Delete are a search each, and
+	// a new cursor each, which allocates its stack. Seek does not keep its
+	// key, so one key buffer serves all.
+	c := b.Cursor()
+	key := make([]byte, 8)
 	for _, s := range seqs {
-		k := boltkv.Key(s)
-		v := b.Get(k)
-		if v == nil {
+		binary.BigEndian.PutUint64(key, s)
+		k, v := c.Seek(key)
+		if !bytes.Equal(k, key) {
 			continue
 		}
 		rows--
-		bytes -= int64(8 + len(v))
-		if err := b.Delete(k); err != nil {
+		size -= int64(8 + len(v))
+		if err := c.Delete(); err != nil {
 			return fmt.Errorf("outbox: delete %d: %w", s, err)
 		}
 	}
-	return addMeta(tx, rows, bytes)
+	return addMeta(tx, rows, size)
 }
 
 // Stats is the outbox's size.
@@ -144,7 +169,7 @@ func ReadStats(tx *bolt.Tx) (Stats, error) {
 	s.Bytes = boltkv.Uint(m, keyBytes)
 	if b := tx.Bucket(bucketRows); b != nil {
 		if k, v := b.Cursor().First(); k != nil {
-			e, err := decode(k, v)
+			e, _, err := decode(k, v)
 			if err != nil {
 				return s, err
 			}
@@ -154,18 +179,19 @@ func ReadStats(tx *bolt.Tx) (Stats, error) {
 	return s, nil
 }
 
-func decode(k, v []byte) (Entry, error) {
+// decode decodes an entry's key and header; its data is v[n:], which the
+// caller copies if it must outlive the transaction.
+func decode(k, v []byte) (e Entry, n int, err error) {
 	if len(k) != 8 || len(v) < 2 {
-		return Entry{}, fmt.Errorf("%w: key %x", ErrCorrupt, k)
+		return Entry{}, 0, fmt.Errorf("%w: key %x", ErrCorrupt, k)
 	}
-	e := Entry{Seq: binary.BigEndian.Uint64(k), Kind: Kind(v[0])}
+	e = Entry{Seq: binary.BigEndian.Uint64(k), Kind: Kind(v[0])}
 	at, n := binary.Varint(v[1:])
 	if n <= 0 {
-		return e, fmt.Errorf("%w: seq %d: emitted-at", ErrCorrupt, e.Seq)
+		return e, 0, fmt.Errorf("%w: seq %d: emitted-at", ErrCorrupt, e.Seq)
 	}
 	e.EmittedAt = at
-	e.Data = append([]byte(nil), v[1+n:]...)
-	return e, nil
+	return e, 1 + n, nil
 }
 
 func addMeta(tx *bolt.Tx, rows, bytes int64) error {
@@ -173,11 +199,16 @@ func addMeta(tx *bolt.Tx, rows, bytes int64) error {
 	if m == nil {
 		return errors.New("outbox: not initialised")
 	}
-	if err := boltkv.AddInt(m, keyRows, rows); err != nil {
-		return fmt.Errorf("outbox: %w", err)
+	// Both counters' new values in one allocation: bbolt keeps a value
+	// until the transaction ends.
+	v := make([]byte, 16)
+	binary.BigEndian.PutUint64(v, uint64(int64(boltkv.Uint(m, keyRows))+rows))
+	binary.BigEndian.PutUint64(v[8:], uint64(int64(boltkv.Uint(m, keyBytes))+bytes))
+	if err := m.Put(keyRows, v[:8:8]); err != nil {
+		return fmt.Errorf("outbox: put %s: %w", keyRows, err)
 	}
-	if err := boltkv.AddInt(m, keyBytes, bytes); err != nil {
-		return fmt.Errorf("outbox: %w", err)
+	if err := m.Put(keyBytes, v[8:]); err != nil {
+		return fmt.Errorf("outbox: put %s: %w", keyBytes, err)
 	}
 	return nil
 }

@@ -57,7 +57,8 @@ func TestAppendReadDeleteKeepStats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := db.Update(func(tx *bolt.Tx) error { return Delete(tx, 1, 3, 99) }); err != nil {
+	// Unordered, repeated and absent sequences.
+	if err := db.Update(func(tx *bolt.Tx) error { return Delete(tx, 3, 1, 3, 99, 1) }); err != nil {
 		t.Fatal(err)
 	}
 	err = db.View(func(tx *bolt.Tx) error {
@@ -97,5 +98,42 @@ func TestSequencesAreStable(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Read's entries share buffers; each entry's Data is still its own: it
+// outlives the transaction, and appending to one leaves the next alone.
+func TestReadDataIsIndependent(t *testing.T) {
+	db := openDB(t)
+	var want [][]byte
+	if err := db.Update(func(tx *bolt.Tx) error {
+		for i := range 300 {
+			d := bytes.Repeat([]byte{byte(i)}, 1+i*37%500)
+			want = append(want, d)
+			if _, err := Append(tx, KindAggregate, int64(i), d); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var got []Entry
+	if err := db.View(func(tx *bolt.Tx) (err error) {
+		got, err = Read(tx, 0, 1000)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("read %d entries, want %d", len(got), len(want))
+	}
+	for i := range got {
+		_ = append(got[i].Data, 0xff, 0xff)
+	}
+	for i, e := range got {
+		if !bytes.Equal(e.Data, want[i]) {
+			t.Fatalf("entry %d: data %x, want %x", i, e.Data, want[i])
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"encoding/binary"
 	"slices"
+	"sync"
 )
 
 // SortAggregates puts encoded aggregates (one CBOR map each, as
@@ -20,15 +21,25 @@ func SortAggregates(rows [][]byte) {
 	if len(rows) < 2 {
 		return
 	}
-	keyed := make([]sortKey, len(rows))
-	for i, r := range rows {
-		keyed[i] = aggregateSortKey(r)
+	kp := sortKeyPool.Get().(*[]sortKey)
+	keyed := slices.Grow((*kp)[:0], len(rows))
+	for _, r := range rows {
+		keyed = append(keyed, aggregateSortKey(r))
 	}
 	slices.SortFunc(keyed, compareSortKeys)
 	for i := range keyed {
 		rows[i] = keyed[i].row
 	}
+	// The keys point into the rows: drop them before pooling the slice,
+	// so the pool does not keep the rows alive.
+	clear(keyed)
+	*kp = keyed[:0]
+	sortKeyPool.Put(kp)
 }
+
+// sortKeyPool keeps SortAggregates' key slices (96 bytes a row) between
+// batches.
+var sortKeyPool = sync.Pool{New: func() any { return new([]sortKey) }}
 
 // sortKey is what SortAggregates orders a row by.
 type sortKey struct {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"slices"
+	"sync"
 
 	"github.com/fxamacker/cbor/v2"
 )
@@ -20,13 +22,48 @@ var ZstdMagic = [4]byte{0x28, 0xb5, 0x2f, 0xfd}
 // cheap; for items made by this package the output equals EncodeBatch's
 // byte for byte.
 func EncodeBatchRaw(gateway, batch string, aggregates, alerts [][]byte, encoding string) ([]byte, error) {
-	raw := AppendBatchRaw(nil, gateway, batch, aggregates, alerts)
-	return Compress(raw, encoding)
+	return AppendBatchBody(nil, gateway, batch, aggregates, alerts, encoding)
 }
 
+// AppendBatchBody appends the body EncodeBatchRaw returns to dst, so a
+// caller can put a header of its own in front of the body without copying
+// it again.
+func AppendBatchBody(dst []byte, gateway, batch string, aggregates, alerts [][]byte, encoding string) ([]byte, error) {
+	switch encoding {
+	case EncodingNone:
+		return AppendBatchRaw(dst, gateway, batch, aggregates, alerts), nil
+	case EncodingZstd:
+		// The uncompressed body is scratch here: it lives in a pooled
+		// buffer, not in a fresh one of up to max_batch_bytes per batch.
+		sp := rawPool.Get().(*[]byte)
+		raw := AppendBatchRaw((*sp)[:0], gateway, batch, aggregates, alerts)
+		dst = appendZstd(dst, raw)
+		if cap(raw) <= maxPooledRaw {
+			*sp = raw
+			rawPool.Put(sp)
+		}
+		return dst, nil
+	}
+	return nil, fmt.Errorf("wire: unknown encoding %q", encoding)
+}
+
+// maxPooledRaw bounds the scratch buffers rawPool keeps (the default
+// max_batch_bytes is 256 KiB), so one huge batch does not stay in memory.
+const maxPooledRaw = 4 << 20
+
+var rawPool = sync.Pool{New: func() any { return new([]byte) }}
+
 // AppendBatchRaw appends the uncompressed CBOR body that EncodeBatchRaw
-// compresses to dst.
+// compresses to dst, growing dst once to the body's size.
 func AppendBatchRaw(dst []byte, gateway, batch string, aggregates, alerts [][]byte) []byte {
+	items := 0
+	for _, a := range aggregates {
+		items += len(a)
+	}
+	for _, a := range alerts {
+		items += len(a)
+	}
+	dst = slices.Grow(dst, BatchRawSize(gateway, batch, len(aggregates), len(alerts), items))
 	pairs := uint64(4)
 	if len(alerts) > 0 {
 		pairs = 5

@@ -10,6 +10,7 @@ package wire
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/fxamacker/cbor/v2"
@@ -135,8 +136,11 @@ var (
 // MarshalCBOR-free helpers: these are the only encoders the agent uses, so the
 // byte form of a value is fixed by this package.
 
-// EncodeAggregate encodes one aggregate as a CBOR map.
-func EncodeAggregate(a *Aggregate) ([]byte, error) { return encMode.Marshal(a) }
+// EncodeAggregate encodes one aggregate as a CBOR map. The error is always
+// nil; it stays for callers written against the reflection encoder.
+func EncodeAggregate(a *Aggregate) ([]byte, error) {
+	return AppendAggregate(make([]byte, 0, aggregateSize(a)), a), nil
+}
 
 // DecodeAggregate decodes one CBOR-encoded aggregate.
 func DecodeAggregate(b []byte, a *Aggregate) error {
@@ -146,8 +150,9 @@ func DecodeAggregate(b []byte, a *Aggregate) error {
 	return nil
 }
 
-// EncodeAlert encodes one alert transition as a CBOR map.
-func EncodeAlert(a *Alert) ([]byte, error) { return encMode.Marshal(a) }
+// EncodeAlert encodes one alert transition as a CBOR map. The error is
+// always nil, as EncodeAggregate's.
+func EncodeAlert(a *Alert) ([]byte, error) { return AppendAlert(nil, a), nil }
 
 // DecodeAlert decodes one CBOR-encoded alert transition.
 func DecodeAlert(b []byte, a *Alert) error {
@@ -173,9 +178,15 @@ func Compress(raw []byte, encoding string) ([]byte, error) {
 	case EncodingNone:
 		return raw, nil
 	case EncodingZstd:
-		return zstdEncoder().EncodeAll(raw, make([]byte, 0, len(raw)/4+64)), nil
+		return appendZstd(nil, raw), nil
 	}
 	return nil, fmt.Errorf("wire: unknown encoding %q", encoding)
+}
+
+// appendZstd appends raw, compressed, to dst, growing dst once to a size
+// that holds most batches' output (aggregates compress 8 to 1 and better).
+func appendZstd(dst, raw []byte) []byte {
+	return zstdEncoder().EncodeAll(raw, slices.Grow(dst, len(raw)/4+64))
 }
 
 // DecodeBatch decompresses (per encoding, the Content-Encoding header) and

@@ -1,0 +1,87 @@
+package outbox
+
+import (
+	"path/filepath"
+	"testing"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/edgeagent/edgeagent/internal/boltkv"
+)
+
+// benchRows is how many rows one transaction appends or reads.
+const benchRows = 10_000
+
+// BenchmarkOutbox measures appending 10k rows of a typical aggregate's size
+// in one write transaction, and reading them back in chunks of 1024 (as the
+// sealer does) in one read transaction, on a real file.
+func BenchmarkOutbox(b *testing.B) {
+	db, err := bolt.Open(filepath.Join(b.TempDir(), "state.db"), 0o600, boltkv.Options(false))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { db.Close() })
+	if err := db.Update(Init); err != nil {
+		b.Fatal(err)
+	}
+	data := make([]byte, 200)
+	for i := range data {
+		data[i] = byte(i)
+	}
+	appendAll := func() {
+		if err := db.Update(func(tx *bolt.Tx) error {
+			for i := 0; i < benchRows; i++ {
+				if _, err := Append(tx, KindAggregate, int64(1767225600000+i), data); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	deleteAll := func() {
+		if err := db.Update(func(tx *bolt.Tx) error {
+			var seqs []uint64
+			c := tx.Bucket(bucketRows).Cursor()
+			for k, _ := c.First(); k != nil; k, _ = c.Next() {
+				seqs = append(seqs, boltkv.Seq(k))
+			}
+			return Delete(tx, seqs...)
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Run("append", func(b *testing.B) {
+		for b.Loop() {
+			appendAll()
+			b.StopTimer()
+			deleteAll()
+			b.StartTimer()
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*benchRows), "ns/row")
+	})
+	b.Run("read", func(b *testing.B) {
+		deleteAll() // the function runs more than once
+		appendAll()
+		for b.Loop() {
+			n := 0
+			if err := db.View(func(tx *bolt.Tx) error {
+				for from := uint64(0); ; {
+					es, err := Read(tx, from, 1024)
+					if err != nil || len(es) == 0 {
+						return err
+					}
+					n += len(es)
+					from = es[len(es)-1].Seq + 1
+				}
+			}); err != nil {
+				b.Fatal(err)
+			}
+			if n != benchRows {
+				b.Fatalf("read %d rows, want %d", n, benchRows)
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*benchRows), "ns/row")
+	})
+}
