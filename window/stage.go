@@ -29,7 +29,8 @@ type Stage struct {
 	checkpointAt     time.Time
 	checkpointOffset uint64
 	blocked          bool
-	capLogged        bool // the device cap was hit and logged; cleared by a batch without
+	encBuf           []byte // an aggregate's encoding on its way to the outbox
+	capLogged        bool   // the device cap was hit and logged; cleared by a batch without
 
 	statsMu sync.Mutex
 	stats   Stats

@@ -427,13 +427,14 @@ func loadEngine(tx *bolt.Tx, cfg *Config) (*engine, error) {
 // progress record that says through which Bronze record they are written.
 func (s *Stage) writeOutputs(tx *bolt.Tx) error {
 	e := s.eng
+	ob, err := outbox.NewAppender(tx)
+	if err != nil {
+		return err
+	}
 	for i := range e.out {
 		em := &e.out[i]
-		data, err := encodeAggregate(&em.agg)
-		if err != nil {
-			return err
-		}
-		if _, err := outbox.Append(tx, outbox.KindAggregate, em.at, data); err != nil {
+		s.encBuf = wire.AppendAggregate(s.encBuf[:0], &em.agg)
+		if _, err := ob.Append(outbox.KindAggregate, em.at, s.encBuf); err != nil {
 			return fmt.Errorf("append aggregate %s: %w", em.agg.Key, err)
 		}
 		if s.cfg.Observer != nil {
@@ -441,6 +442,9 @@ func (s *Stage) writeOutputs(tx *bolt.Tx) error {
 				return fmt.Errorf("observer for %s: %w", em.agg.Key, err)
 			}
 		}
+	}
+	if err := ob.Close(); err != nil {
+		return err
 	}
 	if err := writeRows(tx, e); err != nil {
 		return err

@@ -64,28 +64,77 @@ func Init(tx *bolt.Tx) error {
 // Append queues one entry and returns its sequence. Sequences are assigned by
 // the bucket and so are deterministic for a deterministic series of appends.
 func Append(tx *bolt.Tx, kind Kind, emittedAt int64, data []byte) (uint64, error) {
+	a, err := NewAppender(tx)
+	if err != nil {
+		return 0, err
+	}
+	seq, err := a.Append(kind, emittedAt, data)
+	if err != nil {
+		return 0, err
+	}
+	return seq, a.Close()
+}
+
+// Appender queues many entries in one transaction: the rows go in as
+// Append puts them, the row and byte counters once, at Close (two Gets and
+// two Puts per row were most of an append's cost). Other appends in the
+// same transaction may interleave: the counters only ever add.
+type Appender struct {
+	tx          *bolt.Tx
+	b           *bolt.Bucket
+	rows, bytes int64
+	arena       []byte
+}
+
+// NewAppender starts appending in tx. Close must be called before the
+// transaction commits, or the counters miss the rows.
+func NewAppender(tx *bolt.Tx) (*Appender, error) {
 	b := tx.Bucket(bucketRows)
 	if b == nil {
-		return 0, errors.New("outbox: not initialised")
+		return nil, errors.New("outbox: not initialised")
 	}
-	seq, err := b.NextSequence()
+	b.FillPercent = 1 // append-only: pack pages full
+	return &Appender{tx: tx, b: b}, nil
+}
+
+// appenderSlab is the arena chunk rows are cut from: bbolt keeps keys and
+// values until the transaction ends, so they are never reused, only cut
+// from fewer, larger allocations.
+const appenderSlab = 32 << 10
+
+// Append queues one entry and returns its sequence.
+func (a *Appender) Append(kind Kind, emittedAt int64, data []byte) (uint64, error) {
+	seq, err := a.b.NextSequence()
 	if err != nil {
 		return 0, fmt.Errorf("outbox: next sequence: %w", err)
 	}
-	// The key and the value in one allocation. bbolt keeps the value
-	// until the transaction ends, so it is new memory every time.
-	buf := make([]byte, 8, 8+1+binary.MaxVarintLen64+len(data))
-	binary.BigEndian.PutUint64(buf, seq)
-	v := append(buf[8:], byte(kind))
-	v = binary.AppendVarint(v, emittedAt)
-	v = append(v, data...)
-	if err := b.Put(buf[:8:8], v); err != nil {
+	need := 8 + 1 + binary.MaxVarintLen64 + len(data)
+	if cap(a.arena)-len(a.arena) < need {
+		a.arena = make([]byte, 0, max(appenderSlab, need))
+	}
+	start := len(a.arena)
+	buf := binary.BigEndian.AppendUint64(a.arena, seq)
+	buf = append(buf, byte(kind))
+	buf = binary.AppendVarint(buf, emittedAt)
+	buf = append(buf, data...)
+	a.arena = buf
+	k, v := buf[start:start+8:start+8], buf[start+8:len(buf):len(buf)]
+	if err := a.b.Put(k, v); err != nil {
 		return 0, fmt.Errorf("outbox: put %d: %w", seq, err)
 	}
-	if err := addMeta(tx, 1, int64(8+len(v))); err != nil {
-		return 0, err
-	}
+	a.rows++
+	a.bytes += int64(8 + len(v))
 	return seq, nil
+}
+
+// Close writes the counters for the rows appended.
+func (a *Appender) Close() error {
+	if a.rows == 0 {
+		return nil
+	}
+	err := addMeta(a.tx, a.rows, a.bytes)
+	a.rows, a.bytes = 0, 0
+	return err
 }
 
 // Read returns up to max entries with sequence >= from, oldest first. The

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"bytes"
+	"encoding/binary"
 	"path/filepath"
 	"testing"
 
@@ -135,5 +136,77 @@ func TestReadDataIsIndependent(t *testing.T) {
 		if !bytes.Equal(e.Data, want[i]) {
 			t.Fatalf("entry %d: data %x, want %x", i, e.Data, want[i])
 		}
+	}
+}
+
+// An Appender and plain Appends interleaved in one transaction number the
+// rows in call order and leave counters equal to the rows stored, which a
+// full Delete brings back to zero.
+func TestAppenderInterleavedKeepsStats(t *testing.T) {
+	db := openDB(t)
+	err := db.Update(func(tx *bolt.Tx) error {
+		a, err := NewAppender(tx)
+		if err != nil {
+			return err
+		}
+		for i := range 2000 { // past one arena slab
+			data := bytes.Repeat([]byte{byte(i)}, i%40)
+			if i%7 == 3 {
+				if _, err := Append(tx, KindAlert, int64(i), data); err != nil {
+					return err
+				}
+				continue
+			}
+			seq, err := a.Append(KindAggregate, int64(i), data)
+			if err != nil {
+				return err
+			}
+			if seq != uint64(i+1) {
+				t.Fatalf("row %d got sequence %d", i, seq)
+			}
+		}
+		return a.Close()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seqs []uint64
+	err = db.View(func(tx *bolt.Tx) error {
+		st, err := ReadStats(tx)
+		if err != nil {
+			return err
+		}
+		es, err := Read(tx, 0, 1<<20)
+		if err != nil {
+			return err
+		}
+		var stored uint64
+		for i, e := range es {
+			seqs = append(seqs, e.Seq)
+			if e.EmittedAt != int64(i) || len(e.Data) != i%40 || (len(e.Data) > 0 && e.Data[0] != byte(i)) {
+				t.Fatalf("row %d read back as %+v", i, e)
+			}
+			stored += 8 + 1 + uint64(len(binary.AppendVarint(nil, e.EmittedAt))) + uint64(len(e.Data))
+		}
+		if st.Rows != 2000 || uint64(len(es)) != 2000 || st.Bytes != stored {
+			t.Errorf("stats %+v for %d rows of %d bytes", st, len(es), stored)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error { return Delete(tx, seqs...) }); err != nil {
+		t.Fatal(err)
+	}
+	err = db.View(func(tx *bolt.Tx) error {
+		st, err := ReadStats(tx)
+		if st.Rows != 0 || st.Bytes != 0 {
+			t.Errorf("after deleting every row: stats %+v", st)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
