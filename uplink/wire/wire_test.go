@@ -191,3 +191,20 @@ func TestWellFormedItem(t *testing.T) {
 		}
 	}
 }
+
+func TestAggregateKeyFormat(t *testing.T) {
+	for _, c := range []struct {
+		gw, dev, metric string
+		start           int64
+		rev             uint32
+		want            string
+	}{
+		{"gw-0001", "dev-0042", "temperature", 1767225600000, 1, "gw-0001/temperature/1767225600000/dev-0042/1"},
+		{"g", "d", "m", -60000, 4294967295, "g/m/-60000/d/4294967295"},
+		{"", "", "", 0, 0, "//0//0"},
+	} {
+		if got := wire.AggregateKey(c.gw, c.dev, c.metric, c.start, c.rev); got != c.want {
+			t.Errorf("AggregateKey(%q, %q, %q, %d, %d) = %q, want %q", c.gw, c.dev, c.metric, c.start, c.rev, got, c.want)
+		}
+	}
+}
