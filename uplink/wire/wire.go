@@ -10,9 +10,9 @@ package wire
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
-	"slices"
 	"sync"
 
 	"github.com/fxamacker/cbor/v2"
