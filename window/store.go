@@ -364,7 +364,8 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 			return nil
 		}
 		w.ser, w.start = ser, start
-		wp := &w
+		wp := new(window) // only these go to the heap
+		*wp = w
 		ser.windows = append(ser.windows, wp)
 		if w.pending {
 			e.pending[wp] = struct{}{}
