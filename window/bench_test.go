@@ -136,3 +136,77 @@ func BenchmarkStateSize(b *testing.B) {
 	b.ReportMetric(heap, "heap-MB")
 	b.ReportMetric(perWindow, "bytes/window")
 }
+
+// emittedStream is 10,000 devices reporting two metrics every 30 s for 13
+// minutes: with 1-minute windows and 10 minutes of lateness each series
+// ends with ten emitted windows kept for revisions and one open.
+func emittedStream(devices int) []buffer.Record {
+	var recs []buffer.Record
+	for r := range 26 {
+		at := t0.Add(time.Duration(r) * 30 * time.Second)
+		for d := range devices {
+			recs = append(recs, msg(fmt.Sprintf("sensors/dev%05d/telemetry", d),
+				fmt.Sprintf(`{"id":"%d","ts":%d,"m0":%d,"m1":2}`, r, at.UnixMilli(), r), at))
+		}
+	}
+	return recs
+}
+
+// BenchmarkEmittedState reports the heap held by 10,000 devices x 2
+// metrics with 1-minute windows and 10 minutes of allowed lateness, the
+// load where emitted windows waiting for late data dominate the state:
+// "resident" keeps them in memory, "evicted" checkpoints (as a commit
+// would, minus bbolt) and evicts them. bytes/window is the heap per window
+// in state, open or emitted.
+func BenchmarkEmittedState(b *testing.B) {
+	const devices = 10_000
+	cfg := benchConfig(b)
+	cfg.MaxDevices = devices
+	cfg.AllowedLateness = 10 * time.Minute
+	cfg = cfg.withDefaults()
+	recs := emittedStream(devices)
+	for _, evict := range []bool{false, true} {
+		name := "resident"
+		if evict {
+			name = "evicted"
+		}
+		b.Run(name, func(b *testing.B) {
+			var heap, perWindow float64
+			var windows int
+			for i := 0; i < b.N; i++ {
+				var before, after runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&before)
+				e := newEngine(&cfg)
+				if evict {
+					e.load = func(dev, metric string, start int64) (*window, error) {
+						return nil, fmt.Errorf("no late data in this stream")
+					}
+				}
+				for j := range recs {
+					e.process(&recs[j])
+					if j%10_000 == 0 {
+						e.resetOutputs()
+						e.resetDelta()
+					}
+				}
+				e.resetOutputs()
+				e.resetDelta()
+				e.x = nil
+				e.due = nil
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+				if want := devices * 2 * 11; e.nWindows != want {
+					b.Fatalf("%d windows in state, want %d", e.nWindows, want)
+				}
+				windows = e.nWindows
+				heap = float64(after.HeapAlloc-before.HeapAlloc) / (1 << 20)
+				perWindow = float64(after.HeapAlloc-before.HeapAlloc) / float64(e.nWindows)
+				runtime.KeepAlive(e)
+			}
+			b.ReportMetric(heap, "heap-MB")
+			b.ReportMetric(perWindow, "bytes/window")
+			b.ReportMetric(float64(windows), "windows")
+		})
+	}
+}

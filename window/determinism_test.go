@@ -99,6 +99,9 @@ func TestChildProcess(t *testing.T) {
 	}
 	cfg := testConfig(t)
 	cfg.MaxRecordsPerBatch = batch
+	if os.Getenv("WINDOW_CHECKPOINT_EVERY_BATCH") != "" {
+		checkpointEveryBatch(&cfg)
+	}
 	s, err := New(db, br, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -153,6 +156,11 @@ func TestDeterminismAcrossKills(t *testing.T) {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestChildProcess$", "-test.count=1")
 		cmd.Env = append(os.Environ(), childEnv+"=1", "WINDOW_BRONZE="+bronzePath, "WINDOW_STATE="+statePath,
 			"WINDOW_BATCH="+strconv.Itoa(batch))
+		if attempt%2 == 1 {
+			// Every other child checkpoints, and so evicts emitted windows,
+			// with every batch; the others replay from older checkpoints.
+			cmd.Env = append(cmd.Env, "WINDOW_CHECKPOINT_EVERY_BATCH=1")
+		}
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		out, err := cmd.StdoutPipe()

@@ -27,7 +27,11 @@
 //
 // The hot state lives in memory and every batch writes only the rows it
 // changed, in the same transaction as the offset, the outbox entries and
-// the late and dead-letter rows (DESIGN invariant 2). New loads it all.
+// the late and dead-letter rows (DESIGN invariant 2). Emitted windows
+// without pending changes, which wait out the allowed lateness and are
+// rarely touched again, are evicted from memory once a state checkpoint
+// has written them; late data for one reads its row back. New loads the
+// rest.
 //
 // # Caveats
 //
@@ -36,4 +40,7 @@
 //   - Flush emits pending revisions at a point that depends on when it is
 //     called; only RunOnce (at the end of Bronze) uses it.
 //   - Event ids are deduplicated by a 64-bit FNV-1a hash per device.
+//   - Late data for an evicted window reads the state database inside the
+//     batch; if that read fails the batch fails and the stage goes back to
+//     its last checkpoint, as after a failed commit.
 package window

@@ -60,11 +60,22 @@ func (w *window) add(v float64, t int64, seq uint64, ptime bool) {
 	w.ptime = w.ptime || ptime
 }
 
-// series is one metric of one device: its open windows.
+// series is one metric of one device: its windows in state.
 type series struct {
 	dev     *device
 	name    string
 	windows []*window
+	// evicted are the starts, ascending, of emitted windows without
+	// pending changes whose state is only in the state database: late data
+	// is rare, so a window waiting out its lateness costs 8 bytes here
+	// instead of a *window (see engine.evict).
+	evicted  []int64
+	evicting bool // queued in engine.evict
+}
+
+// evictedAt returns the index of start in s.evicted.
+func (s *series) evictedAt(start int64) (int, bool) {
+	return slices.BinarySearch(s.evicted, start)
 }
 
 func (s *series) find(start int64) *window {
@@ -213,6 +224,16 @@ type engine struct {
 
 	nameBuf []byte
 	due     []*window
+
+	// load reads an evicted window back from the state database; the
+	// Stage sets it. Without it (benchmarks, Replay) nothing is evicted.
+	load func(dev, metric string, start int64) (*window, error)
+	// loadErr is the first failed load of this batch: the Step fails and
+	// the state is reloaded from the last checkpoint.
+	loadErr  error
+	nEvicted int    // windows in series.evicted (counted in nWindows too)
+	loads    uint64 // evicted windows read back, since New
+	evictSer []*series
 }
 
 func newEngine(cfg *Config) *engine {
@@ -487,10 +508,16 @@ func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string)
 			}
 			w := ser.find(s)
 			if w == nil {
-				w = &window{ser: ser, start: s}
-				ser.windows = append(ser.windows, w)
-				e.nWindows++
-				dev.nextEmit = min(dev.nextEmit, end)
+				if i, ok := ser.evictedAt(s); ok {
+					if w = e.restore(ser, i); w == nil {
+						return // the Step fails and reloads the state
+					}
+				} else {
+					w = &window{ser: ser, start: s}
+					ser.windows = append(ser.windows, w)
+					e.nWindows++
+					dev.nextEmit = min(dev.nextEmit, end)
+				}
 			}
 			w.add(m.v, t, seq, rd.ptime)
 			if w.emitted && !w.pending {
@@ -523,6 +550,28 @@ func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string)
 	if wm := dev.wm(e.delayMs); wm >= dev.nextEmit || dev.finalBefore >= dev.nextPrune || dev.finalBefore >= dev.dedup.minEnd() {
 		e.scanDevice(dev, wm)
 	}
+}
+
+// restore reads the evicted window at ser.evicted[i] back into memory,
+// where it then changes like any other. On failure it records the error in
+// e.loadErr and returns nil.
+func (e *engine) restore(ser *series, i int) *window {
+	start := ser.evicted[i]
+	w, err := e.load(ser.dev.name, ser.name, start)
+	if err == nil && (!w.emitted || w.pending) {
+		// Only emitted windows without pending changes are evicted.
+		err = fmt.Errorf("%w: evicted window row is not emitted and clean", ErrCorruptState)
+	}
+	if err != nil {
+		e.loadErr = fmt.Errorf("load evicted window %s/%s at %s: %w", ser.dev.name, ser.name, fmtMs(start), err)
+		return nil
+	}
+	w.ser, w.start, w.dirty, w.dead = ser, start, false, false
+	ser.evicted = slices.Delete(ser.evicted, i, i+1)
+	ser.windows = append(ser.windows, w)
+	e.nEvicted--
+	e.loads++
+	return w
 }
 
 // scanDevice emits the device's windows the watermark has passed, then
@@ -566,7 +615,23 @@ func (e *engine) pruneDevice(dev *device) {
 			i++
 		}
 		ser.windows = ws
-		if len(ws) == 0 {
+		// Evicted windows are emitted and clean: final ones go, the
+		// oldest of the rest is the series' next prune point.
+		ev := ser.evicted
+		k := 0
+		for k < len(ev) && ev[k]+e.sizeMs <= dev.finalBefore {
+			e.delWins = append(e.delWins, windowKey(ev[k], dev.name, ser.name))
+			k++
+		}
+		if k > 0 {
+			ser.evicted = slices.Delete(ev, 0, k)
+			e.nWindows -= k
+			e.nEvicted -= k
+		}
+		if len(ser.evicted) > 0 {
+			dev.nextPrune = min(dev.nextPrune, ser.evicted[0]+e.sizeMs)
+		}
+		if len(ws) == 0 && len(ser.evicted) == 0 {
 			delete(dev.series, name)
 		}
 	}
@@ -705,12 +770,21 @@ func (e *engine) expire(d *device) {
 			}
 			horizon = max(horizon, w.start+e.sizeMs)
 		}
+		if n := len(ser.evicted); n > 0 {
+			horizon = max(horizon, ser.evicted[n-1]+e.sizeMs)
+		}
 	}
 	e.emitSorted(due)
 	for _, ser := range d.series {
 		for _, w := range ser.windows {
 			e.dropWindow(w)
 		}
+		for _, start := range ser.evicted {
+			e.delWins = append(e.delWins, windowKey(start, d.name, ser.name))
+		}
+		e.nWindows -= len(ser.evicted)
+		e.nEvicted -= len(ser.evicted)
+		ser.evicted = nil
 	}
 	e.pruneDedup(d, endless)
 	d.list.remove(d)
@@ -770,8 +844,10 @@ func (e *engine) resetOutputs() {
 	e.revsDirty = false
 }
 
-// resetDelta clears the state delta after a checkpoint wrote it.
+// resetDelta clears the state delta after a checkpoint wrote it, and
+// evicts the emitted windows it wrote.
 func (e *engine) resetDelta() {
+	e.evict()
 	for _, w := range e.dirtyWins {
 		w.dirty = false
 	}
@@ -791,6 +867,48 @@ func (e *engine) resetDelta() {
 	e.tombDel = e.tombDel[:0]
 }
 
+// evict drops from memory the emitted windows without pending changes of
+// the series the checkpoint wrote, keeping only their starts: the
+// checkpoint put their current state on disk, and e.load reads one back if
+// late data arrives for it. It must run only right after a checkpoint,
+// when every window in memory is on disk as it is. A window not written by
+// this checkpoint was clean at the previous one, and evicted then if it
+// could be.
+func (e *engine) evict() {
+	if e.load == nil {
+		return
+	}
+	sers := e.evictSer[:0]
+	for _, w := range e.dirtyWins {
+		if ser := w.ser; !w.dead && w.emitted && !w.pending && !ser.evicting {
+			ser.evicting = true
+			sers = append(sers, ser)
+		}
+	}
+	for _, ser := range sers {
+		ser.evicting = false
+		n := len(ser.evicted)
+		ser.windows = slices.DeleteFunc(ser.windows, func(w *window) bool {
+			if w.emitted && !w.pending {
+				ser.evicted = append(ser.evicted, w.start)
+				return true
+			}
+			return false
+		})
+		if added := len(ser.evicted) - n; added > 0 {
+			e.nEvicted += added
+			if !slices.IsSorted(ser.evicted) {
+				slices.Sort(ser.evicted)
+			}
+		}
+		if len(ser.windows) == 0 {
+			ser.windows = nil // let a series of evicted windows hold no pointer slots
+		}
+	}
+	clear(sers)
+	e.evictSer = sers[:0]
+}
+
 // deltaSize is the number of state rows the next checkpoint writes.
 func (e *engine) deltaSize() int {
 	return len(e.dirtyWins) + len(e.delWins) + e.dedupRows + len(e.dirtyDevs) + len(e.delDevs)
@@ -798,5 +916,5 @@ func (e *engine) deltaSize() int {
 
 // stateBytes estimates the in-memory state size.
 func (e *engine) stateBytes() int64 {
-	return int64(e.nWindows)*200 + int64(e.nDedup)*12 + int64(len(e.devices))*400 + int64(len(e.tombstones))*64
+	return int64(e.nWindows-e.nEvicted)*200 + int64(e.nEvicted)*8 + int64(e.nDedup)*12 + int64(len(e.devices))*400 + int64(len(e.tombstones))*64
 }

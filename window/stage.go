@@ -60,11 +60,16 @@ type Stats struct {
 	// Emitted counts aggregates emitted; Revisions the ones that were
 	// revisions of an already emitted window.
 	Emitted, Revisions uint64
-	OpenWindows        int
-	PendingRevisions   int
-	DedupEntries       int
-	Devices            int
-	Tombstones         int
+	// OpenWindows counts the windows in state: not yet final, so data
+	// can still change them. EvictedWindows counts those of them that are
+	// emitted without pending changes and held only in the state database
+	// (late data reads one back); the rest are in memory.
+	OpenWindows      int
+	EvictedWindows   int
+	PendingRevisions int
+	DedupEntries     int
+	Devices          int
+	Tombstones       int
 	// StateBytes estimates the memory the state takes.
 	StateBytes  int64
 	Late        uint64
@@ -119,7 +124,7 @@ func New(db *bolt.DB, src Source, cfg Config) (*Stage, error) {
 // commit it discards the batch that was not written.
 func (s *Stage) reload() error {
 	err := s.db.View(func(tx *bolt.Tx) error {
-		e, err := loadEngine(tx, &s.cfg)
+		e, err := loadEngine(tx, &s.cfg, s.loadWindow)
 		if err != nil {
 			return err
 		}
@@ -131,6 +136,24 @@ func (s *Stage) reload() error {
 		return fmt.Errorf("load window state: %w", err)
 	}
 	return nil
+}
+
+// loadWindow reads an evicted window's row back from the state database.
+// The row is current: a window is evicted only right after a checkpoint
+// wrote it, and is not written again until it is loaded back.
+func (s *Stage) loadWindow(dev, metric string, start int64) (*window, error) {
+	w := &window{}
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketWindows).Get(windowKey(start, dev, metric))
+		if v == nil {
+			return fmt.Errorf("%w: no row for an evicted window", ErrCorruptState)
+		}
+		return decodeWindow(v, w)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return w, nil
 }
 
 // Step runs one micro-batch: at most MaxRecordsPerBatch records after the
@@ -167,6 +190,17 @@ func (s *Stage) Step() (StepResult, error) {
 	before := e.c
 	for i := range recs {
 		e.process(&recs[i])
+		if e.loadErr != nil {
+			break
+		}
+	}
+	if err := e.loadErr; err != nil {
+		// The batch is half done: drop it and go back to the checkpoint,
+		// as after a failed commit; the next Step redoes it.
+		if rerr := s.reload(); rerr != nil {
+			return res, fmt.Errorf("window batch: %w (and %v)", err, rerr)
+		}
+		return res, fmt.Errorf("window batch: %w", err)
 	}
 	e.replaying = false
 	e.pruneTombstones()
@@ -363,7 +397,7 @@ func (s *Stage) publish(res StepResult, batch bool) {
 	st.Offset = e.offset
 	st.Records, st.Readings = e.c.Records, e.c.Readings
 	st.Emitted, st.Revisions = e.c.Emitted, e.c.Revisions
-	st.OpenWindows, st.PendingRevisions = e.nWindows, len(e.pending)
+	st.OpenWindows, st.EvictedWindows, st.PendingRevisions = e.nWindows, e.nEvicted, len(e.pending)
 	st.DedupEntries, st.Devices, st.Tombstones = e.nDedup, len(e.devices), len(e.tombstones)
 	st.StateBytes = e.stateBytes()
 	st.Late, st.LateRows, st.LateEvicted = e.c.Late, e.c.LateRows, e.c.LateEvicted

@@ -302,9 +302,12 @@ func checkFingerprint(tx *bolt.Tx, cfg *Config) error {
 	return compareFingerprint(old, cur, cfg.ConfigPath)
 }
 
-// loadEngine builds an engine from the stored state.
-func loadEngine(tx *bolt.Tx, cfg *Config) (*engine, error) {
+// loadEngine builds an engine from the stored state. With a load hook,
+// emitted windows without pending changes stay on disk, registered as
+// evicted: most are never touched again.
+func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start int64) (*window, error)) (*engine, error) {
 	e := newEngine(cfg)
+	e.load = load
 	m := tx.Bucket(bucketMeta)
 	e.offset = getU64(m, keyOffset)
 	e.clock = int64(getU64(m, keyClock))
@@ -349,14 +352,23 @@ func loadEngine(tx *bolt.Tx, cfg *Config) (*engine, error) {
 			ser = &series{dev: d, name: metric}
 			d.series[metric] = ser
 		}
-		w := &window{ser: ser, start: start}
-		if err := decodeWindow(v, w); err != nil {
+		var w window
+		if err := decodeWindow(v, &w); err != nil {
 			return err
 		}
-		ser.windows = append(ser.windows, w)
 		e.nWindows++
+		if load != nil && w.emitted && !w.pending {
+			// Keys lead with the start, so a series' starts come ascending.
+			ser.evicted = append(ser.evicted, start)
+			e.nEvicted++
+			return nil
+		}
+		w.ser, w.start = ser, start
+		wp := new(window) // only these go to the heap
+		*wp = w
+		ser.windows = append(ser.windows, wp)
 		if w.pending {
-			e.pending[w] = struct{}{}
+			e.pending[wp] = struct{}{}
 		}
 		return nil
 	})

@@ -195,6 +195,9 @@ func checkAgainstStage(t *testing.T, sc *scenario.Scenario) *truth.Expected {
 		Size: w.Size, Slide: w.Slide, WatermarkDelay: w.WatermarkDelay, AllowedLateness: w.AllowedLateness,
 		IdleTimeout: w.IdleTimeout, Aggregates: w.Aggregates, MaxDevices: 100000, DeviceExpiry: 24 * time.Hour,
 		TriggerInterval: sc.Agent.TriggerInterval, MaxRecordsPerBatch: 500,
+		// A state checkpoint with every batch, so emitted windows are
+		// evicted from memory and late data reads them back from disk.
+		CheckpointInterval: time.Nanosecond,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,266 @@
+package window
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/edgeagent/edgeagent/buffer"
+)
+
+// checkpointEveryBatch makes cfg checkpoint (and so evict) with every
+// batch: its clock moves a second per call, past the interval each time.
+func checkpointEveryBatch(cfg *Config) {
+	now := t0
+	cfg.Clock = func() time.Time { now = now.Add(time.Second); return now }
+	cfg.CheckpointInterval = time.Millisecond
+}
+
+// checkpointNever makes cfg write no state checkpoint before Flush, so
+// nothing is evicted while the stream runs.
+func checkpointNever(cfg *Config) {
+	cfg.Clock = func() time.Time { return t0 }
+	cfg.CheckpointInterval = time.Hour
+}
+
+// evictRun is what runEvicting saw.
+type evictRun struct {
+	out        []byte
+	loads      uint64 // evicted windows read back
+	maxEvicted int    // most windows evicted at once
+}
+
+// runEvicting processes the Bronze at bronzePath into a fresh state DB with
+// cfg, rebuilding the Stage from the database after every batch if
+// restart is set.
+func runEvicting(t *testing.T, bronzePath, statePath string, cfg Config, restart bool) evictRun {
+	t.Helper()
+	br, err := buffer.Open(bronzePath, buffer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer br.Close()
+	db := openDB(t, statePath, true)
+	var run evictRun
+	var s *Stage
+	for {
+		if s == nil || restart {
+			if s != nil {
+				run.loads += s.eng.loads
+			}
+			if s, err = New(db, br, cfg); err != nil {
+				t.Fatal(err)
+			}
+		}
+		res, err := s.Step()
+		if err != nil {
+			t.Fatal(err)
+		}
+		run.maxEvicted = max(run.maxEvicted, s.Stats().EvictedWindows)
+		if res.Records == 0 {
+			break
+		}
+	}
+	run.loads += s.eng.loads
+	if err := s.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	run.out, _ = outputBytes(t, db)
+	return run
+}
+
+// TestEvictionKeepsOutputs: a stage that checkpoints, and so evicts
+// emitted windows, after every batch (and one that also restarts after
+// every batch) writes byte for byte the outputs of one that keeps every
+// window in memory, late data for evicted windows included.
+func TestEvictionKeepsOutputs(t *testing.T) {
+	tumbling := testConfig(t)
+	longLate := testConfig(t)
+	longLate.AllowedLateness = 10 * time.Minute
+	hopping := testConfig(t)
+	hopping.Slide = 20 * time.Second
+	hopping.AllowedLateness = 3 * time.Minute
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+	}{{"tumbling", tumbling}, {"lateness10m", longLate}, {"hopping", hopping}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			bronzePath := filepath.Join(dir, "bronze.db")
+			br := openBronze(t, bronzePath)
+			appendAll(t, br, genStream(21, tc.cfg, genOpts{devices: 6, duration: 90 * time.Minute, period: 20 * time.Second,
+				dupRate: 0.1, noIDRate: 0.2, lateRate: 0.1, backlog: 1, grid: time.Second}))
+			br.Close()
+
+			cfg := tc.cfg
+			checkpointNever(&cfg)
+			want := runEvicting(t, bronzePath, filepath.Join(dir, "resident.db"), cfg, false)
+			if want.maxEvicted != 0 {
+				t.Fatalf("the reference run evicted %d windows", want.maxEvicted)
+			}
+			for _, batch := range []int{1, 13, 200} {
+				for _, restart := range []bool{false, true} {
+					if restart && batch == 1 {
+						continue // a restart per record is slow and adds nothing over 13
+					}
+					cfg := tc.cfg
+					cfg.MaxRecordsPerBatch = batch
+					checkpointEveryBatch(&cfg)
+					got := runEvicting(t, bronzePath, filepath.Join(dir, fmt.Sprintf("evict%d-%v.db", batch, restart)), cfg, restart)
+					if got.maxEvicted == 0 || got.loads == 0 {
+						t.Fatalf("batch %d restart %v: %d windows evicted at most, %d read back: the test exercises nothing",
+							batch, restart, got.maxEvicted, got.loads)
+					}
+					if !bytes.Equal(got.out, want.out) {
+						t.Fatalf("batch %d restart %v: outputs differ from the run without eviction\n%s", batch, restart, firstDiff(got.out, want.out))
+					}
+					t.Logf("batch %d restart %v: up to %d windows evicted, %d read back for late data", batch, restart, got.maxEvicted, got.loads)
+				}
+			}
+		})
+	}
+}
+
+// windowRows lists the starts of d1/temp rows in the state database.
+func windowRows(t *testing.T, db *bolt.DB) []int64 {
+	t.Helper()
+	var starts []int64
+	err := db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketWindows).ForEach(func(k, _ []byte) error {
+			start, _, _, err := parseWindowKey(k)
+			starts = append(starts, start)
+			return err
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return starts
+}
+
+// TestEvictedWindowLifecycle follows one window: emitted and evicted at
+// the checkpoint, read back and revised by late data, evicted again, and
+// its row deleted when the horizon passes; then a device whose windows are
+// all evicted expires, leaving no rows and a tombstone that covers them.
+func TestEvictedWindowLifecycle(t *testing.T) {
+	cfg := testConfig(t) // size 1m, delay 5s, lateness 30s, trigger 1s
+	cfg.DeviceExpiry = time.Hour
+	checkpointEveryBatch(&cfg)
+	p := newStepper(t, cfg)
+	w0, w1 := t0.UnixMilli(), t0.Add(time.Minute).UnixMilli()
+	check := func(when string, open, evicted int, rows ...int64) {
+		t.Helper()
+		st := p.s.Stats()
+		if st.OpenWindows != open || st.EvictedWindows != evicted {
+			t.Errorf("%s: %d windows in state, %d evicted; want %d, %d", when, st.OpenWindows, st.EvictedWindows, open, evicted)
+		}
+		if got := windowRows(t, p.db); fmt.Sprint(got) != fmt.Sprint(rows) {
+			t.Errorf("%s: window rows %v, want %v", when, got, rows)
+		}
+	}
+
+	p.feed(telemetry("d1", "1", t0.Add(10*time.Second), t0.Add(10*time.Second), 1))
+	got := p.feed(telemetry("d1", "2", t0.Add(65*time.Second), t0.Add(65*time.Second), 5))
+	if len(got) != 1 || got[0].Start != w0 || got[0].Rev != 1 {
+		t.Fatalf("emitted %v", got)
+	}
+	check("after the first emission", 2, 1, w0, w1)
+
+	// Late data within the lateness reads the window back; its revision
+	// goes out at the next trigger boundary.
+	recv := t0.Add(70 * time.Second).Add(100 * time.Millisecond)
+	p.feed(telemetry("d1", "3", t0.Add(20*time.Second), recv, 2))
+	if st := p.s.Stats(); st.PendingRevisions != 1 || p.s.eng.loads != 1 {
+		t.Fatalf("after late data: %d pending, %d loads", st.PendingRevisions, p.s.eng.loads)
+	}
+	check("while the revision is pending", 2, 0, w0, w1)
+	got = p.feed(tick(recv.Add(time.Second)))
+	if len(got) != 1 || got[0].Rev != 2 || got[0].Count != 2 || *got[0].Sum != 3 || *got[0].First != 1 {
+		t.Fatalf("revision %v", got)
+	}
+	check("after the revision", 2, 1, w0, w1)
+
+	// The watermark passes end + lateness of w0: its row goes.
+	got = p.feed(telemetry("d1", "4", t0.Add(95*time.Second), t0.Add(95*time.Second), 7))
+	if len(got) != 0 {
+		t.Fatalf("emitted %v", got)
+	}
+	check("after the horizon passed w0", 1, 0, w1)
+	if late := p.feed(telemetry("d1", "5", t0.Add(30*time.Second), t0.Add(96*time.Second), 9)); len(late) != 0 {
+		t.Fatalf("a pruned window was revised: %v", late)
+	}
+	if n := len(readLate(t, p.db)); n != 1 {
+		t.Fatalf("%d late rows, want 1", n)
+	}
+
+	// Idle close emits w1, the checkpoint evicts it; the device then
+	// expires and takes the evicted row with it.
+	got = p.feed(tick(t0.Add(96*time.Second + cfg.IdleTimeout)))
+	if len(got) != 1 || got[0].Start != w1 {
+		t.Fatalf("idle close emitted %v", got)
+	}
+	check("after the idle close", 1, 1, w1)
+	p.feed(tick(t0.Add(96*time.Second + cfg.DeviceExpiry)))
+	check("after expiry", 0, 0)
+	if st := p.s.Stats(); st.DevicesExpired != 1 || st.Tombstones != 1 {
+		t.Fatalf("after expiry: %+v", st)
+	}
+	// The tombstone's horizon covers the evicted window: data for it is late.
+	back := t0.Add(97*time.Second + cfg.DeviceExpiry)
+	if got := p.feed(telemetry("d1", "6", t0.Add(90*time.Second), back, 1)); len(got) != 0 {
+		t.Fatalf("an expired device's evicted window restarted: %v", got)
+	}
+	if n := len(readLate(t, p.db)); n != 2 {
+		t.Fatalf("%d late rows, want 2", n)
+	}
+}
+
+// TestLoadFailureReloads: a failed read of an evicted window fails the
+// Step, and the stage goes back to its last checkpoint; the next Step
+// redoes the batch and writes what an unfailed run would.
+func TestLoadFailureReloads(t *testing.T) {
+	cfg := testConfig(t)
+	checkpointEveryBatch(&cfg)
+	p := newStepper(t, cfg)
+	p.feed(telemetry("d1", "1", t0.Add(10*time.Second), t0.Add(10*time.Second), 1),
+		telemetry("d1", "2", t0.Add(65*time.Second), t0.Add(65*time.Second), 5))
+	if st := p.s.Stats(); st.EvictedWindows != 1 {
+		t.Fatalf("%d windows evicted, want 1", st.EvictedWindows)
+	}
+	before := outboxBytes(t, p.db)
+	old, offset := p.s.eng, p.s.eng.offset
+
+	errBoom := errors.New("boom")
+	old.load = func(string, string, int64) (*window, error) { return nil, errBoom }
+	recv := t0.Add(70 * time.Second).Add(100 * time.Millisecond)
+	appendAll(t, p.br, []buffer.Record{
+		telemetry("d1", "0", t0.Add(66*time.Second), recv, 3), // before the late one, in the same batch
+		telemetry("d1", "3", t0.Add(20*time.Second), recv, 2),
+		tick(recv.Add(time.Second)),
+	})
+	_, err := p.s.Step()
+	if !errors.Is(err, errBoom) {
+		t.Fatalf("step with a failing load: %v, want %v", err, errBoom)
+	}
+	t.Logf("step error: %v", err)
+	if p.s.eng == old || p.s.eng.offset != offset || p.s.eng.loadErr != nil {
+		t.Fatalf("state not reloaded: same engine %v, offset %d (want %d), load error %v",
+			p.s.eng == old, p.s.eng.offset, offset, p.s.eng.loadErr)
+	}
+	if !bytes.Equal(outboxBytes(t, p.db), before) {
+		t.Fatal("the failed step wrote to the outbox")
+	}
+
+	got := p.feed()
+	if len(got) != 1 || got[0].Rev != 2 || got[0].Count != 2 || *got[0].Sum != 3 {
+		t.Fatalf("after the failed step: %v", got)
+	}
+	if p.s.eng.loads != 1 {
+		t.Fatalf("%d loads after the retry, want 1", p.s.eng.loads)
+	}
+}
