@@ -85,6 +85,7 @@ func (s *statusSource) Snapshot() status.Snapshot {
 		EmittedTotal:           ws.Emitted,
 		RevisionsTotal:         ws.Revisions,
 		OpenWindows:            ws.OpenWindows,
+		EvictedWindows:         ws.EvictedWindows,
 		PendingRevisions:       ws.PendingRevisions,
 		DedupEntries:           ws.DedupEntries,
 		Devices:                ws.Devices,

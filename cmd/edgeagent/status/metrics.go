@@ -70,6 +70,7 @@ func WriteMetrics(w io.Writer, snap Snapshot) {
 	c("edgeagent_window_aggregates_emitted_total", wn.EmittedTotal)
 	c("edgeagent_window_revisions_total", wn.RevisionsTotal)
 	g("edgeagent_window_open_windows", float64(wn.OpenWindows))
+	g("edgeagent_window_evicted_windows", float64(wn.EvictedWindows))
 	g("edgeagent_window_pending_revisions", float64(wn.PendingRevisions))
 	g("edgeagent_window_dedup_entries", float64(wn.DedupEntries))
 	g("edgeagent_window_devices", float64(wn.Devices))

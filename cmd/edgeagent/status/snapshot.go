@@ -69,6 +69,7 @@ type Window struct {
 	EmittedTotal           uint64            `json:"emitted_total"`
 	RevisionsTotal         uint64            `json:"revisions_total"`
 	OpenWindows            int               `json:"open_windows"`
+	EvictedWindows         int               `json:"evicted_windows"`
 	PendingRevisions       int               `json:"pending_revisions"`
 	DedupEntries           int               `json:"dedup_entries"`
 	Devices                int               `json:"devices"`
