@@ -96,7 +96,7 @@ func writeDedup(b *bolt.Bucket, e *engine) error {
 		k, v []byte
 	}
 	var dels, puts []row
-	var arena []byte
+	var ar arena
 	for _, d := range e.dedupDirty {
 		for _, end := range d.dedup.dropped {
 			dels = append(dels, row{k: dedupKey(end, d.name)})
@@ -106,15 +106,13 @@ func writeDedup(b *bolt.Bucket, e *engine) error {
 			if !g.dirty {
 				continue
 			}
-			ids := slices.Clone(g.ids)
-			slices.Sort(ids)
-			grown := arena
-			for _, h := range ids {
+			// In place: a group is a set, its order means nothing.
+			slices.Sort(g.ids)
+			grown := ar.room(8 * len(g.ids))
+			for _, h := range g.ids {
 				grown = binary.BigEndian.AppendUint64(grown, h)
 			}
-			var v []byte
-			arena, v = stash(arena, grown)
-			puts = append(puts, row{dedupKey(g.end, d.name), v})
+			puts = append(puts, row{dedupKey(g.end, d.name), ar.cut(grown)})
 		}
 	}
 	byKey := func(a, b row) int { return bytes.Compare(a.k, b.k) }
@@ -487,9 +485,7 @@ func writeCheckpoint(tx *bolt.Tx, e *engine) error {
 	if err := m.Put(keyCounters, appendCounters(nil, &e.c)); err != nil {
 		return fmt.Errorf("put counters: %w", err)
 	}
-	// bbolt keeps Put values until commit: they are cut from an arena that
-	// only grows, never overwritten.
-	var arena []byte
+	var ar arena
 	devs := tx.Bucket(bucketDevices)
 	for _, name := range e.delDevs {
 		if err := devs.Delete([]byte(name)); err != nil {
@@ -501,8 +497,7 @@ func writeCheckpoint(tx *bolt.Tx, e *engine) error {
 		if d.dead {
 			continue
 		}
-		var v []byte
-		arena, v = stash(arena, appendDevice(arena, d))
+		v := ar.cut(appendDevice(ar.room(maxDeviceBytes), d))
 		if err := devs.Put([]byte(d.name), v); err != nil {
 			return fmt.Errorf("put device %q: %w", d.name, err)
 		}
@@ -520,19 +515,15 @@ func writeCheckpoint(tx *bolt.Tx, e *engine) error {
 		w *window
 	}
 	puts := make([]kw, 0, len(e.dirtyWins))
-	// Keys come from one arena too: a checkpoint can write 100,000 windows.
-	keys := make([]byte, 0, 48*len(e.dirtyWins))
 	for _, w := range e.dirtyWins {
 		if !w.dead {
-			var k []byte
-			keys, k = stash(keys, appendWindowKey(keys, w.start, w.ser.dev.name, w.ser.name))
+			k := ar.cut(appendWindowKey(ar.room(10+len(w.ser.dev.name)+len(w.ser.name)), w.start, w.ser.dev.name, w.ser.name))
 			puts = append(puts, kw{k, w})
 		}
 	}
 	slices.SortFunc(puts, func(a, b kw) int { return bytes.Compare(a.k, b.k) })
 	for _, p := range puts {
-		var v []byte
-		arena, v = stash(arena, appendWindow(arena, p.w))
+		v := ar.cut(appendWindow(ar.room(maxWindowBytes), p.w))
 		if err := wins.Put(p.k, v); err != nil {
 			return fmt.Errorf("put window: %w", err)
 		}
@@ -569,11 +560,10 @@ func encodeAggregate(a *wire.Aggregate) ([]byte, error) {
 // writeRows appends the batch's late and dead-letter rows and evicts the
 // oldest beyond the caps.
 func writeRows(tx *bolt.Tx, e *engine) error {
-	var arena, v []byte
+	var ar arena
 	lb := tx.Bucket(bucketLate)
 	for i := range e.lates {
-		arena, v = stash(arena, appendLate(arena, &e.lates[i]))
-		if err := putRow(lb, v); err != nil {
+		if err := putRow(lb, ar.cut(appendLate(ar.room(128), &e.lates[i]))); err != nil {
 			return fmt.Errorf("put late row: %w", err)
 		}
 	}
@@ -585,8 +575,7 @@ func writeRows(tx *bolt.Tx, e *engine) error {
 	e.c.LateEvicted += n
 	db := tx.Bucket(bucketDead)
 	for i := range e.dls {
-		arena, v = stash(arena, appendDead(arena, &e.dls[i]))
-		if err := putRow(db, v); err != nil {
+		if err := putRow(db, ar.cut(appendDead(ar.room(256), &e.dls[i]))); err != nil {
 			return fmt.Errorf("put dead-letter row: %w", err)
 		}
 	}
@@ -599,10 +588,37 @@ func writeRows(tx *bolt.Tx, e *engine) error {
 	return nil
 }
 
-// stash returns the grown arena and the bytes appended to it since old,
-// capped so later appends cannot touch them.
-func stash(old, grown []byte) (arena, v []byte) {
-	return grown, grown[len(old):len(grown):len(grown)]
+// arena hands out the keys and values of a transaction's Puts, which bbolt
+// keeps until the transaction commits, so none is ever reused. They are cut
+// from 64 KiB chunks: a checkpoint of 100,000 rows makes a few hundred
+// allocations, and a chunk is never copied to grow (append's doubling would
+// keep every outgrown copy alive until the commit).
+type arena struct{ buf []byte }
+
+const arenaChunk = 64 << 10
+
+// Upper bounds of an encoded window and device value (room hints: a longer
+// value is still cut correctly, from a fresh chunk).
+const (
+	maxWindowBytes = binary.MaxVarintLen32 + 1 + 5*8 + 5*binary.MaxVarintLen64
+	maxDeviceBytes = 1 + 3*binary.MaxVarintLen64
+)
+
+// room returns the current chunk with at least n bytes free after its
+// length, starting a new chunk if needed; append to it, then cut.
+func (a *arena) room(n int) []byte {
+	if cap(a.buf)-len(a.buf) < n {
+		a.buf = make([]byte, 0, max(arenaChunk, n))
+	}
+	return a.buf
+}
+
+// cut keeps grown (room's chunk with bytes appended) and returns the
+// appended bytes, capped so later appends cannot touch them.
+func (a *arena) cut(grown []byte) []byte {
+	v := grown[len(a.buf):len(grown):len(grown)]
+	a.buf = grown
+	return v
 }
 
 func putRow(b *bolt.Bucket, v []byte) error {
