@@ -504,6 +504,11 @@ func writeCheckpoint(tx *bolt.Tx, e *engine) error {
 	}
 
 	wins := tx.Bucket(bucketWindows)
+	// Window and dedup keys lead with time and a checkpoint puts them in
+	// key order, so most of its inserts extend a run of keys: bbolt's
+	// default half-full splits would leave twice the pages to write now
+	// and to hold in memory whenever a later checkpoint touches them.
+	wins.FillPercent = stateFill
 	slices.SortFunc(e.delWins, bytes.Compare)
 	for _, k := range e.delWins {
 		if err := wins.Delete(k); err != nil {
@@ -529,7 +534,9 @@ func writeCheckpoint(tx *bolt.Tx, e *engine) error {
 		}
 	}
 
-	if err := writeDedup(tx.Bucket(bucketDedup), e); err != nil {
+	dd := tx.Bucket(bucketDedup)
+	dd.FillPercent = stateFill
+	if err := writeDedup(dd, e); err != nil {
 		return err
 	}
 
@@ -587,6 +594,9 @@ func writeRows(tx *bolt.Tx, e *engine) error {
 	e.c.DeadEvicted += n
 	return nil
 }
+
+// stateFill is how full bbolt packs the window and dedup buckets' pages.
+const stateFill = 0.9
 
 // arena hands out the keys and values of a transaction's Puts, which bbolt
 // keeps until the transaction commits, so none is ever reused. They are cut
