@@ -245,8 +245,14 @@ func (s *Stage) checkpointDue() bool {
 	return s.cfg.Clock().Sub(s.checkpointAt) >= s.cfg.CheckpointInterval
 }
 
-// maxDeltaRows bounds the state delta held between checkpoints.
-const maxDeltaRows = 200_000
+// maxDeltaRows bounds the state delta held between checkpoints. A
+// checkpoint holds its rows and the bbolt pages they touch in memory until
+// it commits, so this also bounds the heap's peak when event time runs fast
+// (a backlog flush, the rig's load mode). Measured in load mode, 10,000
+// devices, two runs each: 200,000 rows 165-171 MiB peak RSS, 100,000 rows
+// 138-153 MiB at the same CPU per reading, 50,000 rows no lower and up to
+// a quarter more CPU.
+const maxDeltaRows = 100_000
 
 // commit writes the batch's outputs and, with checkpoint, the state delta;
 // on failure the in-memory state is reloaded from the last checkpoint, and
