@@ -204,7 +204,7 @@ func printStatus(w io.Writer, s *status.Snapshot, color bool) {
 		{"input / processed", fmt.Sprintf("%.1f msgs/s / %.1f records/s", s.Rates.InputPerSecond, s.Rates.ProcessedPerSecond)},
 		{"Bronze backlog", fmt.Sprintf("%d records (%+.1f/s)", s.Bronze.BacklogRecords, s.Rates.BacklogGrowth)},
 		{"batch / trigger", fmt.Sprintf("%s / %s", d(s.Window.LastBatchSeconds), d(s.Window.TriggerIntervalSeconds))},
-		{"state", fmt.Sprintf("%d windows, %d dedup entries, %d devices, %s", s.Window.OpenWindows, s.Window.DedupEntries, s.Window.Devices, status.Bytes(s.Window.StateBytes))},
+		{"state", fmt.Sprintf("%d windows (%d on disk only), %d dedup entries, %d devices, %s", s.Window.OpenWindows, s.Window.EvictedWindows, s.Window.DedupEntries, s.Window.Devices, status.Bytes(s.Window.StateBytes))},
 		{"end-to-end lag", d(s.Window.LagSeconds)},
 		{"outbox", fmt.Sprintf("%d rows, %s of %s, oldest %s", s.Outbox.Rows, status.Bytes(int64(s.Outbox.Bytes)), status.Bytes(s.Outbox.MaxBytes), d(s.Outbox.OldestAge))},
 		{"uplink", fmt.Sprintf("%s %s, %d reconnects, %s sent", s.Uplink.Transport, s.Uplink.State, s.Uplink.ReconnectsTotal, status.Bytes(int64(s.Uplink.BytesSent)))},

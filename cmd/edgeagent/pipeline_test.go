@@ -142,7 +142,7 @@ uplink:
 
 	// CLI views go through the running agent.
 	out, err := exec.Command(agentBin, "status", "-c", cfgPath).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "end-to-end lag") || !strings.Contains(string(out), "nats up") {
+	if err != nil || !strings.Contains(string(out), "end-to-end lag") || !strings.Contains(string(out), "nats up") || !strings.Contains(string(out), "on disk only") {
 		t.Errorf("edgeagent status: %v\n%s", err, out)
 	}
 	out, err = exec.Command(agentBin, "inspect", "deadletter", "-c", cfgPath, "--json").Output()
