@@ -18,6 +18,10 @@ type dedupSet struct {
 	groups []dedupIDs // by end, ascending
 	n      int        // ids in all groups
 	index  map[uint64]int64
+	// filter has a bit set for every id held (nine bits of its hash), so
+	// most lookups of a new id end here instead of walking every group's
+	// slice (a cache miss each); rebuilt when groups are dropped.
+	filter [8]uint64
 	// dropped are the ends of groups removed since the last checkpoint
 	// (their rows are deleted); dirty says the device is in the engine's
 	// list of sets to write.
@@ -39,6 +43,9 @@ func (s *dedupSet) seen(id uint64, finalBefore int64) bool {
 	if s.index != nil {
 		end, ok := s.index[id]
 		return ok && end > finalBefore
+	}
+	if w, bit := filterBit(id); s.filter[w]&bit == 0 {
+		return false
 	}
 	for i := len(s.groups) - 1; i >= 0 && s.groups[i].end > finalBefore; i-- {
 		if slices.Contains(s.groups[i].ids, id) {
@@ -64,6 +71,8 @@ func (s *dedupSet) add(id uint64, end int64) (newlyDirty bool) {
 	}
 	g := &s.groups[i]
 	g.ids = append(g.ids, id)
+	w, bit := filterBit(id)
+	s.filter[w] |= bit
 	newlyDirty, g.dirty = !g.dirty, true
 	s.n++
 	switch {
@@ -79,6 +88,10 @@ func (s *dedupSet) add(id uint64, end int64) (newlyDirty bool) {
 func (s *dedupSet) load(end int64, ids []uint64) {
 	s.groups = append(s.groups, dedupIDs{end: end, ids: ids})
 	s.n += len(ids)
+	for _, id := range ids {
+		w, bit := filterBit(id)
+		s.filter[w] |= bit
+	}
 	if s.n > dedupIndexMin {
 		s.buildIndex()
 	}
@@ -133,7 +146,20 @@ func (s *dedupSet) prune(finalBefore int64) (groups, ids int) {
 	if s.index != nil && s.n <= dedupIndexMin/2 {
 		s.index = nil
 	}
+	s.filter = [8]uint64{}
+	for _, g := range s.groups {
+		for _, id := range g.ids {
+			w, bit := filterBit(id)
+			s.filter[w] |= bit
+		}
+	}
 	return k, gone
+}
+
+// filterBit is id's word and bit in dedupSet.filter.
+func filterBit(id uint64) (int, uint64) {
+	b := id >> 55 // the top nine bits: the hash's best mixed
+	return int(b >> 6), 1 << (b & 63)
 }
 
 // written clears the checkpoint marks after a checkpoint wrote the set.
