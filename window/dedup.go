@@ -71,16 +71,9 @@ func (s *dedupSet) add(id uint64, end int64) (newlyDirty bool) {
 	}
 	g := &s.groups[i]
 	g.ids = append(g.ids, id)
-	w, bit := filterBit(id)
-	s.filter[w] |= bit
 	newlyDirty, g.dirty = !g.dirty, true
 	s.n++
-	switch {
-	case s.index != nil:
-		s.indexAdd(id, end)
-	case s.n > dedupIndexMin:
-		s.buildIndex()
-	}
+	s.remember(id, end)
 	return newlyDirty
 }
 
@@ -89,10 +82,20 @@ func (s *dedupSet) load(end int64, ids []uint64) {
 	s.groups = append(s.groups, dedupIDs{end: end, ids: ids})
 	s.n += len(ids)
 	for _, id := range ids {
-		w, bit := filterBit(id)
-		s.filter[w] |= bit
+		s.remember(id, end)
 	}
-	if s.n > dedupIndexMin {
+}
+
+// remember makes an id already in a group findable: its filter bit, and
+// its index entry once the set is past dedupIndexMin (the index is built
+// once, when the set crosses it, and then kept up).
+func (s *dedupSet) remember(id uint64, end int64) {
+	w, bit := filterBit(id)
+	s.filter[w] |= bit
+	switch {
+	case s.index != nil:
+		s.indexAdd(id, end)
+	case s.n > dedupIndexMin:
 		s.buildIndex()
 	}
 }
@@ -146,11 +149,15 @@ func (s *dedupSet) prune(finalBefore int64) (groups, ids int) {
 	if s.index != nil && s.n <= dedupIndexMin/2 {
 		s.index = nil
 	}
-	s.filter = [8]uint64{}
-	for _, g := range s.groups {
-		for _, id := range g.ids {
-			w, bit := filterBit(id)
-			s.filter[w] |= bit
+	// Bits of dropped ids only cost a needless scan, and with an index the
+	// filter is not consulted: rebuild it only for sets that rely on it.
+	if s.index == nil {
+		s.filter = [8]uint64{}
+		for _, g := range s.groups {
+			for _, id := range g.ids {
+				w, bit := filterBit(id)
+				s.filter[w] |= bit
+			}
 		}
 	}
 	return k, gone

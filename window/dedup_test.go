@@ -2,6 +2,7 @@ package window
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -44,8 +45,16 @@ func TestDedupSetMatchesAMap(t *testing.T) {
 					s.prune(horizon)
 				}
 			default:
-				// What a checkpoint does between batches.
+				// What a checkpoint does between batches; half the time
+				// followed by a restart, which loads the set from its rows.
 				s.written()
+				if rng.IntN(2) == 0 {
+					var r dedupSet
+					for _, g := range s.groups {
+						r.load(g.end, slices.Clone(g.ids))
+					}
+					s = r
+				}
 			}
 			indexed = indexed || s.index != nil
 			live := 0
