@@ -10,6 +10,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/edgeagent/edgeagent/buffer/outbox"
+	"github.com/edgeagent/edgeagent/internal/boltkv"
 	"github.com/edgeagent/edgeagent/uplink/wire"
 )
 
@@ -96,7 +97,7 @@ func writeDedup(b *bolt.Bucket, e *engine) error {
 		k, v []byte
 	}
 	var dels, puts []row
-	var ar arena
+	var ar boltkv.Arena
 	for _, d := range e.dedupDirty {
 		for _, end := range d.dedup.dropped {
 			dels = append(dels, row{k: dedupKey(end, d.name)})
@@ -108,11 +109,11 @@ func writeDedup(b *bolt.Bucket, e *engine) error {
 			}
 			// In place: a group is a set, its order means nothing.
 			slices.Sort(g.ids)
-			grown := ar.room(8 * len(g.ids))
+			grown := ar.Room(8 * len(g.ids))
 			for _, h := range g.ids {
 				grown = binary.BigEndian.AppendUint64(grown, h)
 			}
-			puts = append(puts, row{dedupKey(g.end, d.name), ar.cut(grown)})
+			puts = append(puts, row{dedupKey(g.end, d.name), ar.Cut(grown)})
 		}
 	}
 	byKey := func(a, b row) int { return bytes.Compare(a.k, b.k) }
@@ -485,7 +486,7 @@ func writeCheckpoint(tx *bolt.Tx, e *engine) error {
 	if err := m.Put(keyCounters, appendCounters(nil, &e.c)); err != nil {
 		return fmt.Errorf("put counters: %w", err)
 	}
-	var ar arena
+	var ar boltkv.Arena
 	devs := tx.Bucket(bucketDevices)
 	for _, name := range e.delDevs {
 		if err := devs.Delete([]byte(name)); err != nil {
@@ -497,7 +498,7 @@ func writeCheckpoint(tx *bolt.Tx, e *engine) error {
 		if d.dead {
 			continue
 		}
-		v := ar.cut(appendDevice(ar.room(maxDeviceBytes), d))
+		v := ar.Cut(appendDevice(ar.Room(maxDeviceBytes), d))
 		if err := devs.Put([]byte(d.name), v); err != nil {
 			return fmt.Errorf("put device %q: %w", d.name, err)
 		}
@@ -522,13 +523,13 @@ func writeCheckpoint(tx *bolt.Tx, e *engine) error {
 	puts := make([]kw, 0, len(e.dirtyWins))
 	for _, w := range e.dirtyWins {
 		if !w.dead {
-			k := ar.cut(appendWindowKey(ar.room(10+len(w.ser.dev.name)+len(w.ser.name)), w.start, w.ser.dev.name, w.ser.name))
+			k := ar.Cut(appendWindowKey(ar.Room(10+len(w.ser.dev.name)+len(w.ser.name)), w.start, w.ser.dev.name, w.ser.name))
 			puts = append(puts, kw{k, w})
 		}
 	}
 	slices.SortFunc(puts, func(a, b kw) int { return bytes.Compare(a.k, b.k) })
 	for _, p := range puts {
-		v := ar.cut(appendWindow(ar.room(maxWindowBytes), p.w))
+		v := ar.Cut(appendWindow(ar.Room(maxWindowBytes), p.w))
 		if err := wins.Put(p.k, v); err != nil {
 			return fmt.Errorf("put window: %w", err)
 		}
@@ -567,10 +568,10 @@ func encodeAggregate(a *wire.Aggregate) ([]byte, error) {
 // writeRows appends the batch's late and dead-letter rows and evicts the
 // oldest beyond the caps.
 func writeRows(tx *bolt.Tx, e *engine) error {
-	var ar arena
+	var ar boltkv.Arena
 	lb := tx.Bucket(bucketLate)
 	for i := range e.lates {
-		if err := putRow(lb, ar.cut(appendLate(ar.room(128), &e.lates[i]))); err != nil {
+		if err := putRow(lb, ar.Cut(appendLate(ar.Room(128), &e.lates[i]))); err != nil {
 			return fmt.Errorf("put late row: %w", err)
 		}
 	}
@@ -582,7 +583,7 @@ func writeRows(tx *bolt.Tx, e *engine) error {
 	e.c.LateEvicted += n
 	db := tx.Bucket(bucketDead)
 	for i := range e.dls {
-		if err := putRow(db, ar.cut(appendDead(ar.room(256), &e.dls[i]))); err != nil {
+		if err := putRow(db, ar.Cut(appendDead(ar.Room(256), &e.dls[i]))); err != nil {
 			return fmt.Errorf("put dead-letter row: %w", err)
 		}
 	}
@@ -598,38 +599,12 @@ func writeRows(tx *bolt.Tx, e *engine) error {
 // stateFill is how full bbolt packs the window and dedup buckets' pages.
 const stateFill = 0.9
 
-// arena hands out the keys and values of a transaction's Puts, which bbolt
-// keeps until the transaction commits, so none is ever reused. They are cut
-// from 64 KiB chunks: a checkpoint of 100,000 rows makes a few hundred
-// allocations, and a chunk is never copied to grow (append's doubling would
-// keep every outgrown copy alive until the commit).
-type arena struct{ buf []byte }
-
-const arenaChunk = 64 << 10
-
-// Upper bounds of an encoded window and device value (room hints: a longer
+// Upper bounds of an encoded window and device value (Arena.Room hints: a longer
 // value is still cut correctly, from a fresh chunk).
 const (
 	maxWindowBytes = binary.MaxVarintLen32 + 1 + 5*8 + 5*binary.MaxVarintLen64
 	maxDeviceBytes = 1 + 3*binary.MaxVarintLen64
 )
-
-// room returns the current chunk with at least n bytes free after its
-// length, starting a new chunk if needed; append to it, then cut.
-func (a *arena) room(n int) []byte {
-	if cap(a.buf)-len(a.buf) < n {
-		a.buf = make([]byte, 0, max(arenaChunk, n))
-	}
-	return a.buf
-}
-
-// cut keeps grown (room's chunk with bytes appended) and returns the
-// appended bytes, capped so later appends cannot touch them.
-func (a *arena) cut(grown []byte) []byte {
-	v := grown[len(a.buf):len(grown):len(grown)]
-	a.buf = grown
-	return v
-}
 
 func putRow(b *bolt.Bucket, v []byte) error {
 	seq, err := b.NextSequence()

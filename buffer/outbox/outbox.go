@@ -83,7 +83,7 @@ type Appender struct {
 	tx          *bolt.Tx
 	b           *bolt.Bucket
 	rows, bytes int64
-	arena       []byte
+	arena       boltkv.Arena
 }
 
 // NewAppender starts appending in tx. Close must be called before the
@@ -97,28 +97,18 @@ func NewAppender(tx *bolt.Tx) (*Appender, error) {
 	return &Appender{tx: tx, b: b}, nil
 }
 
-// appenderSlab is the arena chunk rows are cut from: bbolt keeps keys and
-// values until the transaction ends, so they are never reused, only cut
-// from fewer, larger allocations.
-const appenderSlab = 32 << 10
-
 // Append queues one entry and returns its sequence.
 func (a *Appender) Append(kind Kind, emittedAt int64, data []byte) (uint64, error) {
 	seq, err := a.b.NextSequence()
 	if err != nil {
 		return 0, fmt.Errorf("outbox: next sequence: %w", err)
 	}
-	need := 8 + 1 + binary.MaxVarintLen64 + len(data)
-	if cap(a.arena)-len(a.arena) < need {
-		a.arena = make([]byte, 0, max(appenderSlab, need))
-	}
-	start := len(a.arena)
-	buf := binary.BigEndian.AppendUint64(a.arena, seq)
+	// The key and the value from one cut of the arena.
+	buf := binary.BigEndian.AppendUint64(a.arena.Room(8+1+binary.MaxVarintLen64+len(data)), seq)
 	buf = append(buf, byte(kind))
 	buf = binary.AppendVarint(buf, emittedAt)
-	buf = append(buf, data...)
-	a.arena = buf
-	k, v := buf[start:start+8:start+8], buf[start+8:len(buf):len(buf)]
+	kv := a.arena.Cut(append(buf, data...))
+	k, v := kv[:8:8], kv[8:]
 	if err := a.b.Put(k, v); err != nil {
 		return 0, fmt.Errorf("outbox: put %d: %w", seq, err)
 	}
@@ -146,7 +136,7 @@ func Read(tx *bolt.Tx, from uint64, max int) ([]Entry, error) {
 		return nil, nil
 	}
 	out := make([]Entry, 0, min(max, 128))
-	var slab []byte
+	var slab boltkv.Arena
 	c := b.Cursor()
 	for k, v := c.Seek(boltkv.Key(from)); k != nil && len(out) < max; k, v = c.Next() {
 		e, n, err := decode(k, v)
@@ -154,23 +144,11 @@ func Read(tx *bolt.Tx, from uint64, max int) ([]Entry, error) {
 			return out, err
 		}
 		data := v[n:]
-		if cap(slab)-len(slab) < len(data) {
-			size := readSlab
-			if len(data) > size {
-				size = len(data)
-			}
-			slab = make([]byte, 0, size)
-		}
-		slab = append(slab, data...)
-		e.Data = slab[len(slab)-len(data) : len(slab) : len(slab)]
+		e.Data = slab.Cut(append(slab.Room(len(data)), data...))
 		out = append(out, e)
 	}
 	return out, nil
 }
-
-// readSlab is the size of the buffers Read copies entries' data into: one
-// allocation for about a hundred aggregates instead of one each.
-const readSlab = 32 << 10
 
 // Delete removes the entries with the given sequences (absent ones are skipped).
 func Delete(tx *bolt.Tx, seqs ...uint64) error {

@@ -1,5 +1,6 @@
 // Package boltkv holds the few bbolt encodings the stores share: big-endian
-// sequence keys, which sort in numeric order, and 8-byte counters.
+// sequence keys, which sort in numeric order, 8-byte counters, the arena
+// their Put values are cut from, and the databases' options.
 package boltkv
 
 import (
@@ -58,4 +59,32 @@ func Options(readOnly bool) *bolt.Options {
 	}
 	return &bolt.Options{Timeout: 2 * time.Second, ReadOnly: readOnly, FreelistType: bolt.FreelistMapType,
 		NoFreelistSync: true, InitialMmapSize: mmap}
+}
+
+// Arena hands out the bytes of a transaction's keys and values, which bbolt
+// keeps until the transaction ends, so none is ever reused — and of copies
+// that must outlive a transaction. They are cut from 64 KiB chunks: a
+// transaction of 100,000 rows makes a few hundred allocations, and a chunk
+// is never copied to grow (append's doubling would keep every outgrown copy
+// alive as long as a slice of it). A slice cut keeps its whole chunk alive.
+type Arena struct{ buf []byte }
+
+const arenaChunk = 64 << 10
+
+// Room returns the current chunk with at least n bytes free after its
+// length, starting a new chunk if needed: append to it, then Cut. (A longer
+// append is still cut correctly, only from a copy.)
+func (a *Arena) Room(n int) []byte {
+	if cap(a.buf)-len(a.buf) < n {
+		a.buf = make([]byte, 0, max(arenaChunk, n))
+	}
+	return a.buf
+}
+
+// Cut keeps grown (Room's chunk with bytes appended) and returns the
+// appended bytes, capped so later appends cannot touch them.
+func (a *Arena) Cut(grown []byte) []byte {
+	v := grown[len(a.buf):len(grown):len(grown)]
+	a.buf = grown
+	return v
 }

@@ -46,3 +46,23 @@ func TestCounters(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Cuts keep their bytes whatever is cut after them, across chunks and for
+// appends longer than the room asked for.
+func TestArenaCutsStayIntact(t *testing.T) {
+	var a Arena
+	var cuts [][]byte
+	for i := range 3000 {
+		n := i % 50
+		room := n
+		if i%7 == 0 {
+			room = 1 // asked for less than it appends
+		}
+		cuts = append(cuts, a.Cut(append(a.Room(room), bytes.Repeat([]byte{byte(i)}, n)...)))
+	}
+	for i, c := range cuts {
+		if len(c) != i%50 || cap(c) != len(c) || (len(c) > 0 && !bytes.Equal(c, bytes.Repeat([]byte{byte(i)}, len(c)))) {
+			t.Fatalf("cut %d: %v (cap %d)", i, c, cap(c))
+		}
+	}
+}
