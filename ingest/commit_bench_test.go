@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/edgeagent/edgeagent/buffer"
+	"github.com/edgeagent/edgeagent/testrig/mqtttest"
 )
 
 // benchMessage is a received QoS1 message as paho hands it over.
@@ -102,9 +103,8 @@ func benchHandleCommit(b *testing.B, interval time.Duration, perMilli int) {
 		}
 		src.onMessage(nil, &msgs[i%len(msgs)])
 	}
-	for acked.Load() < uint64(b.N) {
-		time.Sleep(100 * time.Microsecond) // the committer's last linger
-	}
+	// The last group waits out its linger before it commits.
+	mqtttest.WaitFor(b, 30*time.Second, "every message acknowledged", func() bool { return acked.Load() >= uint64(b.N) })
 	b.StopTimer()
 	after := mem
 	runtime.ReadMemStats(&after)

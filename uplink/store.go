@@ -62,10 +62,6 @@ type sealed struct {
 	stored []byte
 }
 
-// size is what the batch occupies in the database, the figure the outbox
-// byte bound counts.
-func (s *sealed) size() int { return 8 + len(s.marshal()) }
-
 func (s *sealed) marshal() []byte {
 	if s.stored != nil {
 		return s.stored
