@@ -43,7 +43,8 @@ func (p *pahoSource) start(ctx context.Context) error {
 		SetAutoReconnect(true).
 		SetConnectRetry(true).
 		SetConnectRetryInterval(time.Second).
-		SetMaxReconnectInterval(cfg.ReconnectMax)
+		SetMaxReconnectInterval(cfg.ReconnectMax).
+		SetStore(newSessionStore())
 	if cfg.Username != "" {
 		opts.SetUsername(cfg.Username)
 		opts.SetPassword(cfg.Password)
