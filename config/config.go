@@ -267,7 +267,7 @@ func Default() *Config {
 			Subscriptions:        []Subscription{},
 		},
 		Ingest: Ingest{
-			CommitInterval:    Duration(5 * time.Millisecond),
+			CommitInterval:    Duration(10 * time.Millisecond),
 			MaxCommitRecords:  1000,
 			ClockTickInterval: Duration(time.Second),
 			MaxPayloadBytes:   256 << 10,
