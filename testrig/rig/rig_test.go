@@ -26,7 +26,7 @@ func TestAgentConfigIsValid(t *testing.T) {
 		}
 		scs = append(scs, sc)
 	}
-	scs = append(scs, demoScenario(36, 0), loadScenario(100, 10*time.Second, 1000, 4, ""))
+	scs = append(scs, demoScenario(36, 0), loadScenario(100, 10*time.Second, 1000, 4, DefaultReadingInterval, ""))
 	for _, sc := range scs {
 		for _, embedded := range []bool{false, true} {
 			ac := agentConfig{DataDir: "/tmp/rig-test/data", Broker: "tcp://127.0.0.1:1883", StatusListen: "127.0.0.1:9464",

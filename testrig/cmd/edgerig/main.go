@@ -37,7 +37,7 @@ const usage = `edgerig — simulated devices, faults and cloud around the real e
 Usage:
   edgerig run [--agent PATH] [--short] [--json FILE] [--dir DIR] [--keep] [--broker mochi|mosquitto] [--mqtt URL] [--nats URL] SCENARIO
   edgerig demo [--agent PATH] [--duration D] [--devices N] [--dir DIR]
-  edgerig load [--agent PATH] [--devices N] [--duration D] [--json FILE] [--mqtt URL]
+  edgerig load [--agent PATH] [--devices N] [--duration D] [--reading-interval D] [--json FILE] [--mqtt URL]
   edgerig scenarios
 
 SCENARIO is a stock scenario name (edgerig scenarios lists them) or a YAML file.
@@ -202,6 +202,7 @@ func cmdLoad(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	devices := fs.Int("devices", 10000, "simulated devices")
 	duration := fs.Duration("duration", 30*time.Second, "how long the agent is loaded")
 	conns := fs.Int("connections", 16, "MQTT connections the devices share")
+	interval := fs.Duration("reading-interval", rig.DefaultReadingInterval, "event time between one device's readings (sets how fast event time runs)")
 	jsonPath := fs.String("json", "", "also write the figures as JSON to `FILE`")
 	mqtt := fs.String("mqtt", "", "use this external MQTT broker `URL` (the ceiling is measured on it too)")
 	dir := fs.String("dir", "", "run directory (default: a temporary one)")
@@ -214,7 +215,7 @@ func cmdLoad(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	lr, err := rig.Load(ctx, rig.LoadOptions{Agent: *agent, Devices: *devices, Duration: *duration, Connections: *conns,
-		MQTT: *mqtt, Dir: *dir, Progress: stderr})
+		ReadingInterval: *interval, MQTT: *mqtt, Dir: *dir, Progress: stderr})
 	if err != nil {
 		fmt.Fprintf(stderr, "edgerig load: %v\n", err)
 		return exitError
