@@ -283,10 +283,12 @@ func Load(ctx context.Context, o LoadOptions) (*LoadReport, error) {
 		return nil, fmt.Errorf("rig: publisher: %w", err)
 	}
 	in0 := ingested()
+	cpu0 := e.agent.Usage().CPUSeconds
 	st0 := e.status(ctx)
 	perr := <-pubErr
 	t1 := time.Now()
 	in1 := ingested()
+	cpu1 := e.agent.Usage().CPUSeconds
 	st1 := e.status(ctx)
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
@@ -308,7 +310,8 @@ func Load(ctx context.Context, o LoadOptions) (*LoadReport, error) {
 	if u := pub.Unacked(); u > 0 {
 		lr.Failures = append(lr.Failures, fmt.Sprintf("%d publishes never acknowledged", u))
 	}
-	e.logf("agent phase: offered %.0f msgs/s, ingested %.0f msgs/s; settling", lr.Offered.PerSecond, lr.Ingest.PerSecond)
+	e.logf("agent phase: offered %.0f msgs/s, ingested %.0f msgs/s, agent CPU %.1f s before the load and %.1f s during it; settling",
+		lr.Offered.PerSecond, lr.Ingest.PerSecond, cpu0, cpu1-cpu0)
 
 	// 3. Settle, stop, verify.
 	exp := truth.Compute(plan, pub.Sent(), pub.SentAt(), truthSettings(sc.Agent))
