@@ -74,7 +74,13 @@ var (
 	keyNext    = []byte("next")
 	keyRecords = []byte("records")
 	keyBytes   = []byte("bytes")
+	keyFormat  = []byte("format")
 )
+
+// logFormat is the layout of the log bucket: 2 is one value per Append (a
+// chunk of records under its first record's sequence). Format 1, one record
+// per key, was never released.
+const logFormat = 2
 
 // Open opens (creating if needed) the Bronze log at path.
 func Open(path string, opts Options) (*Bronze, error) {
@@ -99,6 +105,19 @@ func Open(path string, opts Options) (*Bronze, error) {
 		m := tx.Bucket(bucketMeta)
 		if m == nil {
 			return nil
+		}
+		if f := boltkv.Uint(m, keyFormat); f != logFormat {
+			if f != 0 {
+				return fmt.Errorf("the log has format %d, this build reads format %d: move the file aside", f, logFormat)
+			}
+			if log := tx.Bucket(bucketLog); log != nil && log.Stats().KeyN > 0 {
+				return fmt.Errorf("the log holds one record per key (format 1, before release), this build reads format %d: move the file aside", logFormat)
+			}
+			if !opts.ReadOnly {
+				if err := boltkv.PutUint(m, keyFormat, logFormat); err != nil {
+					return err
+				}
+			}
 		}
 		b.next = max(boltkv.Uint(m, keyNext), 1)
 		b.records = int64(boltkv.Uint(m, keyRecords))
@@ -161,8 +180,11 @@ func (b *Bronze) Append(recs []Record) error {
 	var ends []int
 	err := b.db.Update(func(tx *bolt.Tx) error {
 		var add int64
+		size := 0
 		for i := range recs {
-			add += int64(8 + recs[i].EncodedSize())
+			n := recs[i].EncodedSize()
+			add += int64(8 + n)
+			size += uvarintLen(uint64(n)) + n
 		}
 		if b.opts.MaxBytes > 0 && bytes+add > b.opts.MaxBytes {
 			n, freed, err := b.trimTx(tx, b.checkpoint.Load(), 0, bytes+add-b.opts.MaxBytes, math.MaxInt)
@@ -177,24 +199,23 @@ func (b *Bronze) Append(recs []Record) error {
 		}
 		log := tx.Bucket(bucketLog)
 		log.FillPercent = 1 // append-only: pack pages full
-		// bbolt keeps the key and value slices until commit, so each record
-		// gets its own bytes in one arena; growing the arena leaves earlier
-		// slices pointing at the old, still intact, array.
-		arena = make([]byte, 0, add)
+		// The whole batch is one value (a chunk), so a commit costs one
+		// Put whatever its size. bbolt keeps the value until commit and the
+		// in-memory tail keeps it after: it is never written again.
+		arena = make([]byte, 0, size)
 		ends = make([]int, 0, len(recs))
+		first := next
 		for i := range recs {
-			start := len(arena)
-			arena = binary.BigEndian.AppendUint64(arena, next)
+			arena = binary.AppendUvarint(arena, uint64(recs[i].EncodedSize()))
 			arena = recs[i].AppendEncode(arena)
-			key, val := arena[start:start+8:start+8], arena[start+8:len(arena):len(arena)]
-			if err := log.Put(key, val); err != nil {
-				return fmt.Errorf("put seq %d: %w", next, err)
-			}
 			ends = append(ends, len(arena))
 			recs[i].Seq = next
 			next++
 			records++
-			bytes += int64(8 + len(val))
+		}
+		bytes += add
+		if err := log.Put(binary.BigEndian.AppendUint64(nil, first), arena); err != nil {
+			return fmt.Errorf("put records %d-%d: %w", first, next-1, err)
 		}
 		if err := b.putMeta(tx, next, records, bytes); err != nil {
 			return err
@@ -226,8 +247,8 @@ func (b *Bronze) Append(recs []Record) error {
 // tailMaxBytes bounds the in-memory tail.
 const tailMaxBytes = 4 << 20
 
-// tailChunk is one committed append: its records' key|value encodings back
-// to back in arena, record i ending at ends[i].
+// tailChunk is one committed append: arena is the chunk as stored (each
+// record a uvarint length and its encoding), record i ending at ends[i].
 type tailChunk struct {
 	first uint64
 	arena []byte
@@ -275,9 +296,10 @@ func (b *Bronze) readTail(from uint64, max int) (out []Record, ok bool, err erro
 				start = c.ends[i-1]
 			}
 			seq := c.first + uint64(i)
+			_, n := binary.Uvarint(c.arena[start:]) // the length; ends has it already
 			// The arena is never written again: records alias it, their
 			// strings included.
-			r, err := decodeRecord(seq, c.arena[start+8:c.ends[i]:c.ends[i]], true)
+			r, err := decodeRecord(seq, c.arena[start+n:c.ends[i]:c.ends[i]], true)
 			if err != nil {
 				return nil, true, err
 			}
@@ -322,20 +344,53 @@ func (b *Bronze) Scan(from uint64, fn func(Record) bool) error {
 		if log == nil {
 			return nil
 		}
-		var key [8]byte
-		binary.BigEndian.PutUint64(key[:], from)
 		c := log.Cursor()
-		for k, v := c.Seek(key[:]); k != nil; k, v = c.Next() {
-			r, err := DecodeRecord(binary.BigEndian.Uint64(k), v)
-			if err != nil {
-				return err
+		k, v := c.Seek(binary.BigEndian.AppendUint64(nil, from))
+		// Seek finds the first chunk starting at or after from; the chunk
+		// holding from may be the one before.
+		if k == nil {
+			k, v = c.Last()
+		} else if binary.BigEndian.Uint64(k) > from {
+			if k, v = c.Prev(); k == nil {
+				k, v = c.First()
 			}
-			if !fn(r) {
-				return nil
+		}
+		for ; k != nil; k, v = c.Next() {
+			more := true
+			err := eachRecord(binary.BigEndian.Uint64(k), v, func(seq uint64, rec []byte) (bool, error) {
+				if seq < from {
+					return true, nil
+				}
+				r, err := DecodeRecord(seq, rec)
+				if err != nil {
+					return false, err
+				}
+				more = fn(r)
+				return more, nil
+			})
+			if err != nil || !more {
+				return err
 			}
 		}
 		return nil
 	})
+}
+
+// eachRecord calls fn with each record of the chunk v, whose first record
+// has sequence first, until fn returns false or an error.
+func eachRecord(first uint64, v []byte, fn func(seq uint64, rec []byte) (bool, error)) error {
+	for seq := first; len(v) > 0; seq++ {
+		l, n := binary.Uvarint(v)
+		if n <= 0 || l > uint64(len(v)-n) {
+			return fmt.Errorf("%w: seq %d: bad record length in the chunk from %d", ErrCorruptRecord, seq, first)
+		}
+		more, err := fn(seq, v[n:n+int(l)])
+		if err != nil || !more {
+			return err
+		}
+		v = v[n+int(l):]
+	}
+	return nil
 }
 
 // LastSeq is the sequence of the newest committed record (0 when empty).
@@ -352,8 +407,9 @@ func (b *Bronze) Checkpoint() uint64 { return b.checkpoint.Load() }
 func (b *Bronze) Full() bool { return b.full.Load() }
 
 // Trim deletes checkpointed records older than Retention, and the oldest
-// checkpointed records while the log is over MaxBytes. It deletes at most
-// limit records per call (0: 10,000) to keep transactions short.
+// checkpointed records while the log is over MaxBytes, a whole Append's
+// chunk at a time. It stops once it deleted limit records or more per call
+// (0: 10,000), to keep transactions short.
 func (b *Bronze) Trim(limit int) (deleted int, err error) {
 	if b.closed.Load() {
 		return 0, ErrClosed
@@ -391,30 +447,37 @@ func (b *Bronze) Trim(limit int) (deleted int, err error) {
 	return deleted, nil
 }
 
-// trimTx deletes records from the oldest while they are checkpointed and
-// either received before cutoff (unix ns) or needed to free over bytes.
+// trimTx deletes chunks from the oldest while all their records are
+// checkpointed and either received before cutoff (unix ns) or needed to free
+// over bytes. A chunk goes whole: it may free more than over, and a chunk
+// with a record past the checkpoint or the cutoff stays, older records and
+// all. It stops once it deleted limit records or more.
 func (b *Bronze) trimTx(tx *bolt.Tx, checkpoint uint64, cutoff, over int64, limit int) (int, int64, error) {
 	log := tx.Bucket(bucketLog)
 	c := log.Cursor()
 	var n int
 	var freed int64
 	for k, v := c.First(); k != nil && n < limit; k, v = c.First() {
-		seq := binary.BigEndian.Uint64(k)
-		if seq > checkpoint {
-			break
-		}
-		r, err := DecodeRecord(seq, v)
+		first := binary.BigEndian.Uint64(k)
+		var count int
+		var size, newest int64
+		err := eachRecord(first, v, func(seq uint64, rec []byte) (bool, error) {
+			r, err := DecodeRecord(seq, rec)
+			count++
+			size += int64(8 + len(rec))
+			newest = max(newest, r.ReceivedAt)
+			return true, err
+		})
 		if err != nil {
 			return n, freed, err
 		}
-		if freed >= over && r.ReceivedAt >= cutoff {
+		if first+uint64(count)-1 > checkpoint || (freed >= over && newest >= cutoff) {
 			break
 		}
-		size := int64(8 + len(v))
 		if err := c.Delete(); err != nil {
-			return n, freed, fmt.Errorf("delete seq %d: %w", seq, err)
+			return n, freed, fmt.Errorf("delete records %d-%d: %w", first, first+uint64(count)-1, err)
 		}
-		n++
+		n += count
 		freed += size
 	}
 	return n, freed, nil
@@ -469,9 +532,11 @@ func (b *Bronze) Stats() (Stats, error) {
 			return nil
 		}
 		s.FirstSeq = binary.BigEndian.Uint64(k)
-		r, err := DecodeRecord(s.FirstSeq, v)
-		s.OldestAt = r.ReceivedAt
-		return err
+		return eachRecord(s.FirstSeq, v, func(seq uint64, rec []byte) (bool, error) {
+			r, err := DecodeRecord(seq, rec)
+			s.OldestAt = r.ReceivedAt
+			return false, err
+		})
 	})
 	return s, err
 }
