@@ -1,6 +1,7 @@
 package buffer
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -325,10 +326,22 @@ func (b *Bronze) Read(from uint64, max int) ([]Record, error) {
 		return out, err
 	}
 	var out []Record
-	err := b.Scan(from, func(r Record) bool {
-		r.Payload = append([]byte(nil), r.Payload...)
-		out = append(out, r)
-		return len(out) < max
+	err := b.scanChunks(from, func(first uint64, v []byte) (bool, error) {
+		// One copy a chunk, not two a record: the records alias it, topic
+		// and all, and nothing writes it again.
+		v = bytes.Clone(v)
+		err := eachRecord(first, v, func(seq uint64, rec []byte) (bool, error) {
+			if seq < from {
+				return true, nil
+			}
+			r, err := decodeRecord(seq, rec, true)
+			if err != nil {
+				return false, err
+			}
+			out = append(out, r)
+			return len(out) < max, nil
+		})
+		return len(out) < max, err
 	})
 	return out, err
 }
@@ -336,6 +349,27 @@ func (b *Bronze) Read(from uint64, max int) ([]Record, error) {
 // Scan calls fn for each record with Seq >= from, in order, until fn returns
 // false. The record's Payload is only valid during the call.
 func (b *Bronze) Scan(from uint64, fn func(Record) bool) error {
+	return b.scanChunks(from, func(first uint64, v []byte) (bool, error) {
+		more := true
+		err := eachRecord(first, v, func(seq uint64, rec []byte) (bool, error) {
+			if seq < from {
+				return true, nil
+			}
+			r, err := DecodeRecord(seq, rec)
+			if err != nil {
+				return false, err
+			}
+			more = fn(r)
+			return more, nil
+		})
+		return more, err
+	})
+}
+
+// scanChunks calls fn with each stored chunk from the one holding from
+// on, in order, until fn returns false or an error. v is bbolt's memory:
+// valid only during the call.
+func (b *Bronze) scanChunks(from uint64, fn func(first uint64, v []byte) (bool, error)) error {
 	if b.closed.Load() {
 		return ErrClosed
 	}
@@ -356,19 +390,7 @@ func (b *Bronze) Scan(from uint64, fn func(Record) bool) error {
 			}
 		}
 		for ; k != nil; k, v = c.Next() {
-			more := true
-			err := eachRecord(binary.BigEndian.Uint64(k), v, func(seq uint64, rec []byte) (bool, error) {
-				if seq < from {
-					return true, nil
-				}
-				r, err := DecodeRecord(seq, rec)
-				if err != nil {
-					return false, err
-				}
-				more = fn(r)
-				return more, nil
-			})
-			if err != nil || !more {
+			if more, err := fn(binary.BigEndian.Uint64(k), v); err != nil || !more {
 				return err
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -178,4 +179,31 @@ func FuzzEachRecord(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestStoredReadsOutliveTheTransaction: Read past the in-memory tail
+// decodes from a copy of each chunk, topics aliasing it; the records stay
+// intact after the read transaction, more appends, a reopen and
+// collections.
+func TestStoredReadsOutliveTheTransaction(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "bronze.db")
+	b, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := appendChunks(t, b, time.Unix(1000, 0), 5, 1, 9)
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if b, err = Open(path, Options{}); err != nil { // an empty tail: Read goes to bbolt
+		t.Fatal(err)
+	}
+	defer b.Close()
+	held, err := b.Read(3, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendChunks(t, b, time.Unix(5000, 0), 50, 50)
+	runtime.GC()
+	sameRecords(t, "records read from bbolt, held", held, want[2:12])
 }
