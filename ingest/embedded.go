@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"sync/atomic"
+	"time"
 
 	mochi "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/listeners"
@@ -39,7 +41,13 @@ func (e *embedded) start(ctx context.Context) error {
 	if err := srv.AddHook(&ingestHook{in: e.in}, nil); err != nil {
 		return fmt.Errorf("embedded broker: ingest hook: %w", err)
 	}
-	if err := srv.AddListener(listeners.NewTCP(listeners.Config{ID: "tcp", Address: cfg.Embedded})); err != nil {
+	ln, err := net.Listen("tcp", cfg.Embedded)
+	if err != nil {
+		return fmt.Errorf("embedded broker: listen on %s: %w", cfg.Embedded, err)
+	}
+	dl := &connectDeadline{Listener: ln, timeout: cfg.ConnectTimeout, log: e.in.com.log}
+	if err := srv.AddListener(listeners.NewNet("tcp", dl)); err != nil {
+		ln.Close()
 		return fmt.Errorf("embedded broker: listen on %s: %w", cfg.Embedded, err)
 	}
 	if err := srv.Serve(); err != nil {
@@ -54,13 +62,58 @@ func (e *embedded) start(ctx context.Context) error {
 
 func (e *embedded) stop() {
 	if e.srv != nil {
-		e.srv.Close()
+		// mochi's Close waits for every connection's goroutine. The connect
+		// deadline bounds that wait; this bounds it whatever else holds a
+		// connection, so SIGTERM always ends the agent. The goroutine left
+		// behind, if any, ends with the process.
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			e.srv.Close()
+		}()
+		select {
+		case <-done:
+		case <-time.After(brokerCloseTimeout):
+			e.in.com.log.Warn("embedded broker: connections still open after the close timeout; stopping without them",
+				"timeout", brokerCloseTimeout, "clients_connected", atomic.LoadInt64(&e.srv.Info.ClientsConnected))
+		}
 	}
 	e.up.Store(false)
 	e.in.stats.Connected.Store(false)
 }
 
 func (e *embedded) connected() bool { return e.up.Load() }
+
+// brokerCloseTimeout bounds the embedded broker's shutdown.
+const brokerCloseTimeout = 10 * time.Second
+
+// connectDeadline gives every accepted connection until timeout to send its
+// CONNECT. mochi sets no read deadline before CONNECT (after it, the
+// client's keepalive sets one), so a connection that never speaks — a port
+// probe left open, a half-open link — would keep its goroutine, and mochi's
+// Close, waiting forever: a SIGTERM then never ended the agent.
+type connectDeadline struct {
+	net.Listener
+	timeout time.Duration
+	log     *slog.Logger
+}
+
+func (l *connectDeadline) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		// An error from Accept would stop mochi serving: a connection whose
+		// deadline cannot be set is dropped here instead.
+		if err := c.SetDeadline(time.Now().Add(l.timeout)); err != nil {
+			l.log.Warn("embedded broker: dropping a connection", "remote", c.RemoteAddr(), "err", err)
+			c.Close()
+			continue
+		}
+		return c, nil
+	}
+}
 
 // Publish publishes on the embedded broker (for local alerts and
 // republished aggregates).

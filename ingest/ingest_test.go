@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -425,5 +426,40 @@ func TestClockTicksWhenIdle(t *testing.T) {
 		if i > 0 && r.ReceivedAt <= ticks[i-1].ReceivedAt {
 			t.Fatalf("tick times do not follow the injected clock: %d then %d", ticks[i-1].ReceivedAt, r.ReceivedAt)
 		}
+	}
+}
+
+// A connection to the embedded broker that never sends CONNECT (a port
+// probe left open, a half-open link) is closed after the connect timeout,
+// so it cannot hold the broker's shutdown — and the agent's — forever.
+func TestEmbeddedShutdownWithASilentConnection(t *testing.T) {
+	b := openBronze(t, buffer.Options{})
+	cfg := testConfig(t, "", "edgeagent-silent", nil)
+	cfg.Embedded = fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+	cfg.ConnectTimeout = 200 * time.Millisecond
+	in := startIngester(t, b, cfg)
+	conn, err := net.Dial("tcp", cfg.Embedded)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// A device's round trip after it: by then the broker has long accepted
+	// the silent connection and is waiting for its CONNECT.
+	mqtttest.NewPublisher(t, "tcp://"+cfg.Embedded, "device-after-silent").Publish(t, "sensors/s1/telemetry", 1, []byte(`{"id":"s"}`))
+	closed := make(chan struct{})
+	start := time.Now()
+	go func() { in.Close(); close(closed) }()
+	select {
+	case <-closed:
+		t.Logf("closed after %v", time.Since(start))
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close still waiting 20s on a connection that never sent CONNECT")
+	}
+	// The server closed its end: reading sees EOF, not a timeout.
+	if err := conn.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Fatalf("read on the silent connection after shutdown: %v, want EOF", err)
 	}
 }
