@@ -24,6 +24,7 @@ import (
 type embedded struct {
 	in  *Ingester
 	srv *mochi.Server
+	dl  *connectDeadline
 	up  atomic.Bool
 }
 
@@ -45,8 +46,8 @@ func (e *embedded) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("embedded broker: listen on %s: %w", cfg.Embedded, err)
 	}
-	dl := &connectDeadline{Listener: ln, timeout: cfg.ConnectTimeout, log: e.in.com.log}
-	if err := srv.AddListener(listeners.NewNet("tcp", dl)); err != nil {
+	e.dl = &connectDeadline{Listener: ln, timeout: cfg.ConnectTimeout, log: e.in.com.log}
+	if err := srv.AddListener(listeners.NewNet("tcp", e.dl)); err != nil {
 		ln.Close()
 		return fmt.Errorf("embedded broker: listen on %s: %w", cfg.Embedded, err)
 	}
@@ -66,6 +67,7 @@ func (e *embedded) stop() {
 		// deadline bounds that wait; this bounds it whatever else holds a
 		// connection, so SIGTERM always ends the agent. The goroutine left
 		// behind, if any, ends with the process.
+		e.dl.barrier()
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
@@ -96,6 +98,26 @@ type connectDeadline struct {
 	net.Listener
 	timeout time.Duration
 	log     *slog.Logger
+	// reads is touched by every read on an accepted connection and loaded
+	// before the broker closes. mochi adds each connection to the
+	// WaitGroup its Close waits on from the connection's own goroutine,
+	// with nothing ordering that Add before the Wait; this atomic does, for
+	// every connection that has started reading (the race detector flags
+	// the Add and Wait otherwise, for a connection that never sent data).
+	reads atomic.Uint64
+}
+
+// barrier orders every read so far before what follows it.
+func (l *connectDeadline) barrier() { l.reads.Load() }
+
+type countedConn struct {
+	net.Conn
+	reads *atomic.Uint64
+}
+
+func (c countedConn) Read(p []byte) (int, error) {
+	c.reads.Add(1)
+	return c.Conn.Read(p)
 }
 
 func (l *connectDeadline) Accept() (net.Conn, error) {
@@ -111,7 +133,7 @@ func (l *connectDeadline) Accept() (net.Conn, error) {
 			c.Close()
 			continue
 		}
-		return c, nil
+		return countedConn{Conn: c, reads: &l.reads}, nil
 	}
 }
 
