@@ -127,7 +127,9 @@ func renderPage(w io.Writer, snap Snapshot, config string) error {
 		"<div class=\"card\"><div class=\"sub\">state</div>\n" +
 		"<div class=\"num\"><span id=\"open-windows\">")
 	p.int(int64(s.Window.OpenWindows))
-	p.raw("</span> windows</div>\n<div class=\"sub\">")
+	p.raw("</span> windows</div>\n<div class=\"sub\"><span id=\"evicted-windows\">")
+	p.int(int64(s.Window.EvictedWindows))
+	p.raw("</span> of them on disk only · ")
 	p.int(int64(s.Window.DedupEntries))
 	p.raw(" dedup entries · ")
 	p.int(int64(s.Window.Devices))

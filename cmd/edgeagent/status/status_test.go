@@ -244,6 +244,7 @@ func TestStatusPageInChromium(t *testing.T) {
 	for _, want := range []string{
 		`<span id="backlog">4321</span>`,
 		`<span id="open-windows">40000</span>`,
+		`<span id="evicted-windows">36000</span> of them on disk only`,
 		`id="lag">2.5s<`,
 		`id="link-state">down<`,
 		`<span id="outbox-rows">77</span>`,
