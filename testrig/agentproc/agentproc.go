@@ -295,6 +295,10 @@ type Status struct {
 		Connected      bool   `json:"connected"`
 		ReceivedTotal  uint64 `json:"received_total"`
 		CommittedTotal uint64 `json:"committed_total"`
+		// CommitsTotal and CommitSecondsTotal: Bronze group commits and
+		// the time spent in them.
+		CommitsTotal       uint64  `json:"commits_total"`
+		CommitSecondsTotal float64 `json:"commit_seconds_total"`
 	} `json:"ingest"`
 	Bronze struct {
 		Records        uint64 `json:"records"`

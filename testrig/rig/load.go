@@ -103,6 +103,10 @@ type LoadReport struct {
 	IngestSource string `json:"ingest_source"`
 	// Processed is the window stage's records (status.json), over the same span.
 	Processed *Rate `json:"processed,omitempty"`
+	// BronzeCommits is the agent's group commits over the same span, and
+	// BronzeCommitMeanMs their mean duration: a slow disk shows here first.
+	BronzeCommits      *Rate   `json:"bronze_commits,omitempty"`
+	BronzeCommitMeanMs float64 `json:"bronze_commit_mean_ms,omitempty"`
 	// Readings is how many messages the agent got in all.
 	Readings      uint64 `json:"readings"`
 	PlanExhausted bool   `json:"plan_exhausted"`
@@ -145,6 +149,10 @@ func (l *LoadReport) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "  agent durable ingest             %10.0f msgs/s  (%.0f%% of the ceiling; %s)\n", l.Ingest.PerSecond, pct, l.IngestSource)
 	if l.Processed != nil {
 		fmt.Fprintf(w, "  window stage processed           %10.0f records/s\n", l.Processed.PerSecond)
+	}
+	if c := l.BronzeCommits; c != nil {
+		fmt.Fprintf(w, "  Bronze group commits             %10.0f /s  (%.0f messages each, %.1f ms mean)\n",
+			c.PerSecond, l.Ingest.PerSecond/c.PerSecond, l.BronzeCommitMeanMs)
 	}
 	fmt.Fprintf(w, "  end-to-end lag (publish→cloud)   p50 %s  p99 %s\n", ms(l.LagP50Ms), ms(l.LagP99Ms))
 	fmt.Fprintf(w, "  agent peak RSS                   %s\n", bytesStr(l.PeakRSSBytes))
@@ -310,6 +318,11 @@ func Load(ctx context.Context, o LoadOptions) (*LoadReport, error) {
 	if st0 != nil && st1 != nil {
 		r := rate(st1.Window.ProcessedTotal-st0.Window.ProcessedTotal, t1.Sub(t0))
 		lr.Processed = &r
+		if n := st1.Ingest.CommitsTotal - st0.Ingest.CommitsTotal; n > 0 {
+			c := rate(n, t1.Sub(t0))
+			lr.BronzeCommits = &c
+			lr.BronzeCommitMeanMs = (st1.Ingest.CommitSecondsTotal - st0.Ingest.CommitSecondsTotal) * 1000 / float64(n)
+		}
 	}
 	lr.PlanExhausted = runCtx.Err() == nil
 	if lr.PlanExhausted {
