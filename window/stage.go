@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"sync"
 	"time"
 
@@ -260,6 +261,7 @@ const maxDeltaRows = 100_000
 func (s *Stage) commit(checkpoint bool) error {
 	e := s.eng
 	lateEvicted, deadEvicted := e.c.LateEvicted, e.c.DeadEvicted
+	rows := e.deltaSize()
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		if err := s.writeOutputs(tx); err != nil {
 			return err
@@ -286,9 +288,21 @@ func (s *Stage) commit(checkpoint bool) error {
 		e.resetDelta()
 		s.checkpointAt, s.checkpointOffset = s.cfg.Clock(), e.offset
 		s.src.SetCheckpoint(e.offset)
+		if rows >= gcAfterRows {
+			runtime.GC()
+		}
 	}
 	return nil
 }
+
+// gcAfterRows: a checkpoint this large held its rows and bbolt's pages in
+// the heap until it committed. A collection during it set the heap's next
+// goal from that peak, and the heap would grow to twice it before the
+// next; collecting right after the commit sets the goal from what stays.
+// Load mode, 10,000 devices, three alternated pairs: peak RSS 122-134 MiB
+// against 131-145 MiB, CPU and ingest rate within the runs' noise. Steady
+// gateways checkpoint far fewer rows and never pay for it.
+const gcAfterRows = 20_000
 
 // Checkpoint writes the state delta now if there is one, so a restart
 // replays nothing (called at shutdown).
