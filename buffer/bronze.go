@@ -326,22 +326,9 @@ func (b *Bronze) Read(from uint64, max int) ([]Record, error) {
 		return out, err
 	}
 	var out []Record
-	err := b.scanChunks(from, func(first uint64, v []byte) (bool, error) {
-		// One copy a chunk, not two a record: the records alias it, topic
-		// and all, and nothing writes it again.
-		v = bytes.Clone(v)
-		err := eachRecord(first, v, func(seq uint64, rec []byte) (bool, error) {
-			if seq < from {
-				return true, nil
-			}
-			r, err := decodeRecord(seq, rec, true)
-			if err != nil {
-				return false, err
-			}
-			out = append(out, r)
-			return len(out) < max, nil
-		})
-		return len(out) < max, err
+	err := b.scanRecords(from, true, func(r Record) bool {
+		out = append(out, r)
+		return len(out) < max
 	})
 	return out, err
 }
@@ -349,13 +336,23 @@ func (b *Bronze) Read(from uint64, max int) ([]Record, error) {
 // Scan calls fn for each record with Seq >= from, in order, until fn returns
 // false. The record's Payload is only valid during the call.
 func (b *Bronze) Scan(from uint64, fn func(Record) bool) error {
+	return b.scanRecords(from, false, fn)
+}
+
+// scanRecords is Scan; with keep, each chunk is copied once and its
+// records alias the copy, topic and all (nothing writes it again), so they
+// stay valid after the call — one copy a chunk, not two a record.
+func (b *Bronze) scanRecords(from uint64, keep bool, fn func(Record) bool) error {
 	return b.scanChunks(from, func(first uint64, v []byte) (bool, error) {
+		if keep {
+			v = bytes.Clone(v)
+		}
 		more := true
 		err := eachRecord(first, v, func(seq uint64, rec []byte) (bool, error) {
 			if seq < from {
 				return true, nil
 			}
-			r, err := DecodeRecord(seq, rec)
+			r, err := decodeRecord(seq, rec, keep)
 			if err != nil {
 				return false, err
 			}
@@ -484,7 +481,9 @@ func (b *Bronze) trimTx(tx *bolt.Tx, checkpoint uint64, cutoff, over int64, limi
 		var count int
 		var size, newest int64
 		err := eachRecord(first, v, func(seq uint64, rec []byte) (bool, error) {
-			r, err := DecodeRecord(seq, rec)
+			// Frozen: only ReceivedAt is read, within the transaction, so
+			// the topic need not be copied out of bbolt's map.
+			r, err := decodeRecord(seq, rec, true)
 			count++
 			size += int64(8 + len(rec))
 			newest = max(newest, r.ReceivedAt)

@@ -104,8 +104,9 @@ func DecodeRecord(seq uint64, b []byte) (Record, error) {
 // decodeRecord decodes like DecodeRecord; with frozen, Topic and Reason
 // alias b instead of copying it (one allocation a record less). Only for
 // memory that is never written again while any record may refer to it —
-// Bronze's committed tail arenas and the chunk copies Read makes — never for
-// bbolt's map, which is unmapped on remap and close.
+// Bronze's committed tail arenas and the chunk copies Read makes — and for
+// bbolt's map, which is unmapped on remap and close, only when the record is
+// dropped before its transaction ends.
 func decodeRecord(seq uint64, b []byte, frozen bool) (Record, error) {
 	str := func(s []byte) string {
 		if frozen {

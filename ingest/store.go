@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"strings"
 	"sync"
 
 	paho "github.com/eclipse/paho.mqtt.golang"
@@ -31,7 +32,7 @@ const inboundPrefix = "i."
 
 func isInboundQoS1Publish(key string, m packets.ControlPacket) bool {
 	p, ok := m.(*packets.PublishPacket)
-	return ok && p.Qos == 1 && len(key) >= len(inboundPrefix) && key[:len(inboundPrefix)] == inboundPrefix
+	return ok && p.Qos == 1 && strings.HasPrefix(key, inboundPrefix)
 }
 
 func (s *sessionStore) Open() {}

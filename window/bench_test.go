@@ -110,31 +110,46 @@ func BenchmarkStateSize(b *testing.B) {
 	}
 	var heap, perWindow float64
 	for i := 0; i < b.N; i++ {
-		var before, after runtime.MemStats
-		runtime.GC()
-		runtime.ReadMemStats(&before)
-		e := newEngine(&cfg)
-		for j := range recs {
-			e.process(&recs[j])
-			if j%10_000 == 0 {
-				e.resetOutputs()
-				e.resetDelta()
-			}
-		}
-		e.resetOutputs()
-		e.resetDelta()
-		e.x = nil
-		runtime.GC()
-		runtime.ReadMemStats(&after)
+		e, held := heldHeap(&cfg, recs, nil, nil)
 		if e.nWindows != devices*metrics {
 			b.Fatalf("%d open windows", e.nWindows)
 		}
-		heap = float64(after.HeapAlloc-before.HeapAlloc) / (1 << 20)
-		perWindow = float64(after.HeapAlloc-before.HeapAlloc) / float64(e.nWindows)
-		runtime.KeepAlive(e)
+		heap = float64(held) / (1 << 20)
+		perWindow = float64(held) / float64(e.nWindows)
 	}
 	b.ReportMetric(heap, "heap-MB")
 	b.ReportMetric(perWindow, "bytes/window")
+}
+
+// heldHeap feeds recs to a fresh engine, set up by prepare, resetting its
+// outputs and delta every 10,000 records as commits would, and returns it
+// with the heap it holds after a collection; release drops what the
+// measurement should leave out.
+func heldHeap(cfg *Config, recs []buffer.Record, prepare, release func(*engine)) (*engine, uint64) {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	e := newEngine(cfg)
+	if prepare != nil {
+		prepare(e)
+	}
+	for j := range recs {
+		e.process(&recs[j])
+		if j%10_000 == 0 {
+			e.resetOutputs()
+			e.resetDelta()
+		}
+	}
+	e.resetOutputs()
+	e.resetDelta()
+	e.x = nil
+	if release != nil {
+		release(e)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	runtime.KeepAlive(e)
+	return e, after.HeapAlloc - before.HeapAlloc
 }
 
 // emittedStream is 10,000 devices reporting two metrics every 30 s for 13
@@ -174,35 +189,21 @@ func BenchmarkEmittedState(b *testing.B) {
 			var heap, perWindow float64
 			var windows int
 			for i := 0; i < b.N; i++ {
-				var before, after runtime.MemStats
-				runtime.GC()
-				runtime.ReadMemStats(&before)
-				e := newEngine(&cfg)
+				var prepare func(*engine)
 				if evict {
-					e.load = func(dev, metric string, start int64) (*window, error) {
-						return nil, fmt.Errorf("no late data in this stream")
+					prepare = func(e *engine) {
+						e.load = func(dev, metric string, start int64) (*window, error) {
+							return nil, fmt.Errorf("no late data in this stream")
+						}
 					}
 				}
-				for j := range recs {
-					e.process(&recs[j])
-					if j%10_000 == 0 {
-						e.resetOutputs()
-						e.resetDelta()
-					}
-				}
-				e.resetOutputs()
-				e.resetDelta()
-				e.x = nil
-				e.due = nil
-				runtime.GC()
-				runtime.ReadMemStats(&after)
+				e, held := heldHeap(&cfg, recs, prepare, func(e *engine) { e.due = nil })
 				if want := devices * 2 * 11; e.nWindows != want {
 					b.Fatalf("%d windows in state, want %d", e.nWindows, want)
 				}
 				windows = e.nWindows
-				heap = float64(after.HeapAlloc-before.HeapAlloc) / (1 << 20)
-				perWindow = float64(after.HeapAlloc-before.HeapAlloc) / float64(e.nWindows)
-				runtime.KeepAlive(e)
+				heap = float64(held) / (1 << 20)
+				perWindow = float64(held) / float64(e.nWindows)
 			}
 			b.ReportMetric(heap, "heap-MB")
 			b.ReportMetric(perWindow, "bytes/window")

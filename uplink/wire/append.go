@@ -24,7 +24,7 @@ func AppendAggregate(dst []byte, a *Aggregate) []byte {
 	if a.ProcTime {
 		pairs++
 	}
-	floats := [...]*float64{a.Min, a.First, a.Last, a.Max, a.Mean, a.Sum}
+	floats := a.optionalFloats()
 	for _, f := range floats {
 		if f != nil {
 			pairs++
@@ -58,8 +58,13 @@ func AppendAggregate(dst []byte, a *Aggregate) []byte {
 	return dst
 }
 
-// floatKeys are the keys of Aggregate's optional floats, in field order.
+// floatKeys are the keys of Aggregate's optional floats, in the order
+// optionalFloats returns them.
 var floatKeys = [...]string{"min", "first", "last", "max", "mean", "sum"}
+
+func (a *Aggregate) optionalFloats() [len(floatKeys)]*float64 {
+	return [...]*float64{a.Min, a.First, a.Last, a.Max, a.Mean, a.Sum}
+}
 
 // aggregateSize is len(AppendAggregate(nil, a)).
 func aggregateSize(a *Aggregate) int {
@@ -70,7 +75,7 @@ func aggregateSize(a *Aggregate) int {
 	if a.ProcTime {
 		n += textSize("ptime") + 1
 	}
-	for i, f := range [...]*float64{a.Min, a.First, a.Last, a.Max, a.Mean, a.Sum} {
+	for i, f := range a.optionalFloats() {
 		if f != nil {
 			n += textSize(floatKeys[i]) + floatSize(*f)
 		}
