@@ -1,6 +1,7 @@
 package window
 
 import (
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -8,18 +9,30 @@ import (
 
 // TestDedupSetMatchesAMap drives a dedupSet the way the engine does —
 // lookups, adds of ids not seen under ends after the horizon, a horizon
-// that only grows, prunes — against the plain map it replaced (id → the
-// end it was last added under; it counts while that end is after the
-// horizon). Small id spaces make repeats and stale copies common, and
-// sets cross dedupIndexMin both ways.
+// that only grows, prunes, checkpoints that make old groups cold, restarts
+// — against the plain map it replaced (id → the end it was last added
+// under; it counts while that end is after the horizon). Cold groups are
+// read from a map standing in for the state database, written as a
+// checkpoint writes it. Small id spaces make repeats and stale copies
+// common, and sets cross dedupIndexMin both ways.
 func TestDedupSetMatchesAMap(t *testing.T) {
 	for seed := range uint64(20) {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		var s dedupSet
 		ref := map[uint64]int64{}
+		disk := map[int64][]uint64{}
+		reads := 0
+		fromDisk := func(end int64) []uint64 {
+			ids, ok := disk[end]
+			if !ok {
+				t.Fatalf("seed %d: cold group %d has no row", seed, end)
+			}
+			reads++
+			return slices.Clone(ids)
+		}
 		horizon := int64(-5)
 		idSpace := uint64(50 + rng.IntN(2000))
-		indexed := false
+		indexed, wentCold, warmed := false, false, false
 		for step := range 20_000 {
 			switch r := rng.IntN(100); {
 			case r < 80:
@@ -30,10 +43,17 @@ func TestDedupSetMatchesAMap(t *testing.T) {
 				if le, ok := ref[id]; ok && le > horizon {
 					want = true
 				}
-				if got := s.seen(id, horizon); got != want {
+				got := s.seen(id, horizon) || s.coldCandidates(id, horizon, func(end int64) bool {
+					return slices.Contains(fromDisk(end), id)
+				})
+				if got != want {
 					t.Fatalf("seed %d step %d: seen(%d) = %v, want %v", seed, step, id, got, want)
 				}
 				if !want {
+					if i, ok := s.coldAt(end); ok {
+						s.warm(i, fromDisk(end))
+						warmed = true
+					}
 					s.add(id, end)
 					ref[id] = end
 				}
@@ -45,28 +65,55 @@ func TestDedupSetMatchesAMap(t *testing.T) {
 					s.prune(horizon)
 				}
 			default:
-				// What a checkpoint does between batches; half the time
-				// followed by a restart, which loads the set from its rows.
+				// What a checkpoint does between batches: write the dirty
+				// groups and delete the dropped ones, make the groups up to
+				// a watermark cold; half the time followed by a restart,
+				// which loads the set from its rows.
+				for _, end := range s.dropped {
+					delete(disk, end)
+				}
+				for _, g := range s.groups {
+					if g.dirty {
+						disk[g.end] = slices.Clone(g.ids)
+					}
+				}
 				s.written()
+				through := horizon + rng.Int64N(8)
+				s.evict(through)
 				if rng.IntN(2) == 0 {
 					var r dedupSet
-					for _, g := range s.groups {
-						r.load(g.end, slices.Clone(g.ids))
+					for _, end := range slices.Sorted(maps.Keys(disk)) {
+						if end <= through {
+							r.loadCold(end, slices.Clone(disk[end]))
+						} else {
+							r.load(end, slices.Clone(disk[end]))
+						}
 					}
 					s = r
 				}
 			}
 			indexed = indexed || s.index != nil
+			wentCold = wentCold || len(s.cold) > 0
 			live := 0
 			for _, g := range s.groups {
 				live += len(g.ids)
 			}
 			if live != s.n {
-				t.Fatalf("seed %d step %d: n = %d, groups hold %d", seed, step, s.n, live)
+				t.Fatalf("seed %d step %d: n = %d, hot groups hold %d", seed, step, s.n, live)
+			}
+			cold := 0
+			for _, g := range s.cold {
+				cold += g.n
+			}
+			if cold != len(s.coldFP) {
+				t.Fatalf("seed %d step %d: cold groups count %d ids, %d fingerprints", seed, step, cold, len(s.coldFP))
 			}
 		}
 		if idSpace > dedupIndexMin*2 && !indexed {
 			t.Errorf("seed %d: %d ids never built the index", seed, idSpace)
+		}
+		if !wentCold || !warmed || reads == 0 {
+			t.Errorf("seed %d: cold groups %v, warmed %v, %d reads: the cold path was not exercised", seed, wentCold, warmed, reads)
 		}
 	}
 }

@@ -228,11 +228,16 @@ type engine struct {
 	// load reads an evicted window back from the state database; the
 	// Stage sets it. Without it (benchmarks, Replay) nothing is evicted.
 	load func(dev, metric string, start int64) (*window, error)
+	// loadDedup reads a cold dedup group's ids back (see dedupSet); set
+	// together with load.
+	loadDedup func(dev string, end int64) ([]uint64, error)
 	// loadErr is the first failed load of this batch: the Step fails and
 	// the state is reloaded from the last checkpoint.
 	loadErr  error
 	nEvicted int    // windows in series.evicted (counted in nWindows too)
 	loads    uint64 // evicted windows read back, since New
+	// dedupLoads are cold dedup groups read back, since New.
+	dedupLoads uint64
 	evictSer []*series
 }
 
@@ -480,7 +485,11 @@ func (e *engine) lastStart(t int64) int64 { return floorDiv(t, e.slideMs) * e.sl
 
 func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string) {
 	if rd.hasID {
-		if dev.dedup.seen(rd.id, dev.finalBefore) {
+		dup, ok := e.duplicate(dev, rd.id)
+		if !ok {
+			return // the Step fails and reloads the state
+		}
+		if dup {
 			e.c.Duplicates++
 			return
 		}
@@ -529,7 +538,17 @@ func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string)
 		}
 	}
 	if accepted && rd.hasID {
-		if dev.dedup.add(rd.id, last+e.sizeMs) {
+		end := last + e.sizeMs
+		if i, ok := dev.dedup.coldAt(end); ok {
+			ids, err := e.loadDedup(dev.name, end)
+			if err != nil {
+				e.loadErr = fmt.Errorf("load dedup group %s at %s: %w", dev.name, fmtMs(end), err)
+				return
+			}
+			e.dedupLoads++
+			dev.dedup.warm(i, ids)
+		}
+		if dev.dedup.add(rd.id, end) {
 			e.dedupRows++
 		}
 		e.nDedup++
@@ -550,6 +569,27 @@ func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string)
 	if wm := dev.wm(e.delayMs); wm >= dev.nextEmit || dev.finalBefore >= dev.nextPrune || dev.finalBefore >= dev.dedup.minEnd() {
 		e.scanDevice(dev, wm)
 	}
+}
+
+// duplicate reports whether id was accepted before from dev, reading cold
+// dedup groups whose fingerprint matches. ok is false when such a read
+// failed (recorded in e.loadErr).
+func (e *engine) duplicate(dev *device, id uint64) (dup, ok bool) {
+	if dev.dedup.seen(id, dev.finalBefore) {
+		return true, true
+	}
+	ok = true
+	dup = dev.dedup.coldCandidates(id, dev.finalBefore, func(end int64) bool {
+		ids, err := e.loadDedup(dev.name, end)
+		if err != nil {
+			e.loadErr = fmt.Errorf("load dedup group %s at %s: %w", dev.name, fmtMs(end), err)
+			ok = false
+			return true
+		}
+		e.dedupLoads++
+		return slices.Contains(ids, id)
+	})
+	return dup && ok, ok
 }
 
 // restore reads the evicted window at ser.evicted[i] back into memory,
@@ -858,6 +898,9 @@ func (e *engine) resetDelta() {
 	e.delWins = e.delWins[:0]
 	for _, d := range e.dedupDirty {
 		d.dedup.written()
+		if e.loadDedup != nil {
+			d.dedup.evict(d.wm(e.delayMs))
+		}
 	}
 	e.dedupDirty = e.dedupDirty[:0]
 	e.dedupRows = 0

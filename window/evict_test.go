@@ -33,6 +33,17 @@ type evictRun struct {
 	out        []byte
 	loads      uint64 // evicted windows read back
 	maxEvicted int    // most windows evicted at once
+	dedupLoads uint64 // cold dedup groups read back
+	maxCold    int    // most dedup ids cold at once
+}
+
+// coldIDs counts the dedup ids held only on disk.
+func coldIDs(e *engine) int {
+	n := 0
+	for _, d := range e.devices {
+		n += len(d.dedup.coldFP)
+	}
+	return n
 }
 
 // runEvicting processes the Bronze at bronzePath into a fresh state DB with
@@ -52,6 +63,7 @@ func runEvicting(t *testing.T, bronzePath, statePath string, cfg Config, restart
 		if s == nil || restart {
 			if s != nil {
 				run.loads += s.eng.loads
+				run.dedupLoads += s.eng.dedupLoads
 			}
 			if s, err = New(db, br, cfg); err != nil {
 				t.Fatal(err)
@@ -62,11 +74,13 @@ func runEvicting(t *testing.T, bronzePath, statePath string, cfg Config, restart
 			t.Fatal(err)
 		}
 		run.maxEvicted = max(run.maxEvicted, s.Stats().EvictedWindows)
+		run.maxCold = max(run.maxCold, coldIDs(s.eng))
 		if res.Records == 0 {
 			break
 		}
 	}
 	run.loads += s.eng.loads
+	run.dedupLoads += s.eng.dedupLoads
 	if err := s.Flush(); err != nil {
 		t.Fatal(err)
 	}
@@ -100,8 +114,8 @@ func TestEvictionKeepsOutputs(t *testing.T) {
 			cfg := tc.cfg
 			checkpointNever(&cfg)
 			want := runEvicting(t, bronzePath, filepath.Join(dir, "resident.db"), cfg, false)
-			if want.maxEvicted != 0 {
-				t.Fatalf("the reference run evicted %d windows", want.maxEvicted)
+			if want.maxEvicted != 0 || want.maxCold != 0 {
+				t.Fatalf("the reference run evicted %d windows, %d dedup ids", want.maxEvicted, want.maxCold)
 			}
 			for _, batch := range []int{1, 13, 200} {
 				for _, restart := range []bool{false, true} {
@@ -112,14 +126,15 @@ func TestEvictionKeepsOutputs(t *testing.T) {
 					cfg.MaxRecordsPerBatch = batch
 					checkpointEveryBatch(&cfg)
 					got := runEvicting(t, bronzePath, filepath.Join(dir, fmt.Sprintf("evict%d-%v.db", batch, restart)), cfg, restart)
-					if got.maxEvicted == 0 || got.loads == 0 {
-						t.Fatalf("batch %d restart %v: %d windows evicted at most, %d read back: the test exercises nothing",
-							batch, restart, got.maxEvicted, got.loads)
+					if got.maxEvicted == 0 || got.loads == 0 || got.maxCold == 0 || got.dedupLoads == 0 {
+						t.Fatalf("batch %d restart %v: %d windows evicted at most, %d read back, %d dedup ids cold, %d groups read back: the test exercises nothing",
+							batch, restart, got.maxEvicted, got.loads, got.maxCold, got.dedupLoads)
 					}
 					if !bytes.Equal(got.out, want.out) {
 						t.Fatalf("batch %d restart %v: outputs differ from the run without eviction\n%s", batch, restart, firstDiff(got.out, want.out))
 					}
-					t.Logf("batch %d restart %v: up to %d windows evicted, %d read back for late data", batch, restart, got.maxEvicted, got.loads)
+					t.Logf("batch %d restart %v: up to %d windows evicted, %d read back for late data; up to %d dedup ids cold, %d groups read back",
+						batch, restart, got.maxEvicted, got.loads, got.maxCold, got.dedupLoads)
 				}
 			}
 		})
@@ -262,5 +277,60 @@ func TestLoadFailureReloads(t *testing.T) {
 	}
 	if p.s.eng.loads != 1 {
 		t.Fatalf("%d loads after the retry, want 1", p.s.eng.loads)
+	}
+}
+
+// TestColdDedupGroups: once a checkpoint wrote the dedup group of readings
+// whose windows were all emitted, its ids leave memory; a retry of such a
+// reading is still found (read back from disk), a late reading for the
+// group brings it back into memory, and a failed read fails the Step and
+// reloads the state like a failed window load.
+func TestColdDedupGroups(t *testing.T) {
+	cfg := testConfig(t) // size 1m, delay 5s, lateness 30s
+	checkpointEveryBatch(&cfg)
+	p := newStepper(t, cfg)
+	p.feed(telemetry("d1", "1", t0.Add(10*time.Second), t0.Add(10*time.Second), 1),
+		telemetry("d1", "2", t0.Add(65*time.Second), t0.Add(65*time.Second), 5))
+	if n := coldIDs(p.s.eng); n != 1 {
+		t.Fatalf("%d dedup ids cold after w0 was emitted and checkpointed, want 1", n)
+	}
+	if st := p.s.Stats(); st.DedupEntries != 2 {
+		t.Fatalf("%d dedup entries, want 2 (cold ones count)", st.DedupEntries)
+	}
+
+	old, offset := p.s.eng, p.s.eng.offset
+	errBoom := errors.New("boom")
+	old.loadDedup = func(string, int64) ([]uint64, error) { return nil, errBoom }
+	recv := t0.Add(70 * time.Second)
+	appendAll(t, p.br, []buffer.Record{telemetry("d1", "1", t0.Add(10*time.Second), recv, 1)})
+	if _, err := p.s.Step(); !errors.Is(err, errBoom) {
+		t.Fatalf("step with a failing dedup read: %v, want %v", err, errBoom)
+	}
+	if p.s.eng == old || p.s.eng.offset != offset {
+		t.Fatalf("state not reloaded: same engine %v, offset %d (want %d)", p.s.eng == old, p.s.eng.offset, offset)
+	}
+
+	// The retry, redone: a duplicate, found on disk; nothing changes.
+	if got := p.feed(tick(recv.Add(2 * time.Second))); len(got) != 0 {
+		t.Fatalf("a retry of a cold reading emitted %v", got)
+	}
+	if st := p.s.Stats(); st.Duplicates != 1 || st.PendingRevisions != 0 || p.s.eng.dedupLoads != 1 {
+		t.Fatalf("after the retry: %d duplicates, %d pending, %d dedup reads; want 1, 0, 1", st.Duplicates, st.PendingRevisions, p.s.eng.dedupLoads)
+	}
+
+	// A new late reading for w0 warms the group (a read) to add its id;
+	// the batch's checkpoint writes it and makes it cold again, and the
+	// reading's own retry is found on disk.
+	recv = recv.Add(3 * time.Second)
+	p.feed(telemetry("d1", "3", t0.Add(20*time.Second), recv, 2))
+	if n := coldIDs(p.s.eng); n != 2 || p.s.eng.dedupLoads != 2 {
+		t.Fatalf("after late data: %d ids cold, %d dedup reads; want 2, 2", n, p.s.eng.dedupLoads)
+	}
+	got := p.feed(telemetry("d1", "3", t0.Add(20*time.Second), recv.Add(10*time.Millisecond), 2), tick(recv.Add(2*time.Second)))
+	if len(got) != 1 || got[0].Rev != 2 || got[0].Count != 2 || *got[0].Sum != 3 {
+		t.Fatalf("revision %v, want rev 2 of count 2, sum 3", got)
+	}
+	if st := p.s.Stats(); st.Duplicates != 2 || p.s.eng.dedupLoads != 3 {
+		t.Fatalf("%d duplicates, %d dedup reads; want 2, 3", st.Duplicates, p.s.eng.dedupLoads)
 	}
 }

@@ -125,7 +125,7 @@ func New(db *bolt.DB, src Source, cfg Config) (*Stage, error) {
 // commit it discards the batch that was not written.
 func (s *Stage) reload() error {
 	err := s.db.View(func(tx *bolt.Tx) error {
-		e, err := loadEngine(tx, &s.cfg, s.loadWindow)
+		e, err := loadEngine(tx, &s.cfg, s.loadWindow, s.loadDedup)
 		if err != nil {
 			return err
 		}
@@ -155,6 +155,21 @@ func (s *Stage) loadWindow(dev, metric string, start int64) (*window, error) {
 		return nil, err
 	}
 	return w, nil
+}
+
+// loadDedup reads a cold dedup group's ids back from the state database;
+// like an evicted window's, its row is current.
+func (s *Stage) loadDedup(dev string, end int64) ([]uint64, error) {
+	var ids []uint64
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketDedup).Get(dedupKey(end, dev))
+		if v == nil || len(v)%8 != 0 {
+			return fmt.Errorf("%w: no valid row for a cold dedup group", ErrCorruptState)
+		}
+		ids = decodeDedupIDs(v)
+		return nil
+	})
+	return ids, err
 }
 
 // Step runs one micro-batch: at most MaxRecordsPerBatch records after the

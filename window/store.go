@@ -87,6 +87,15 @@ func dedupKey(lastEnd int64, dev string) []byte {
 	return appendString(k, dev)
 }
 
+// decodeDedupIDs decodes a dedup row's value (its length is a multiple of 8).
+func decodeDedupIDs(v []byte) []uint64 {
+	ids := make([]uint64, 0, len(v)/8)
+	for ; len(v) >= 8; v = v[8:] {
+		ids = append(ids, binary.BigEndian.Uint64(v))
+	}
+	return ids
+}
+
 // writeDedup writes the changed dedup rows: one row per (last window end,
 // device) holding its event-id hashes, so a checkpoint writes a row per
 // device and window rather than one per reading. Rows of dropped groups
@@ -304,9 +313,10 @@ func checkFingerprint(tx *bolt.Tx, cfg *Config) error {
 // loadEngine builds an engine from the stored state. With a load hook,
 // emitted windows without pending changes stay on disk, registered as
 // evicted: most are never touched again.
-func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start int64) (*window, error)) (*engine, error) {
+func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start int64) (*window, error),
+	loadDedup func(dev string, end int64) ([]uint64, error)) (*engine, error) {
 	e := newEngine(cfg)
-	e.load = load
+	e.load, e.loadDedup = load, loadDedup
 	m := tx.Bucket(bucketMeta)
 	e.offset = getU64(m, keyOffset)
 	e.clock = int64(getU64(m, keyClock))
@@ -388,11 +398,14 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 		if d == nil {
 			return fmt.Errorf("%w: dedup row of unknown device %q", ErrCorruptState, devName)
 		}
-		ids := make([]uint64, 0, len(v)/8)
-		for ; len(v) > 0; v = v[8:] {
-			ids = append(ids, binary.BigEndian.Uint64(v))
+		ids := decodeDedupIDs(v)
+		// Groups the watermark has passed are cold, as a checkpoint
+		// leaves them (see dedupSet).
+		if loadDedup != nil && le <= d.wm(e.delayMs) {
+			d.dedup.loadCold(le, ids)
+		} else {
+			d.dedup.load(le, ids)
 		}
-		d.dedup.load(le, ids)
 		e.nDedup += len(ids)
 		return nil
 	})
