@@ -98,7 +98,9 @@ type device struct {
 	finalBefore int64
 	lastSeen    int64 // logged clock (unix ns) of the last new reading
 	idle        bool  // idle-closed: in the idle list
-	series      map[string]*series
+	// series are the device's metrics in state, in no order: a slice,
+	// since a device has a handful and a map costs ~300 bytes a device.
+	series []*series
 	// dedup holds the event-id hashes by the end of the reading's last
 	// window; an id counts while that end is after finalBefore.
 	dedup      dedupSet
@@ -108,6 +110,16 @@ type device struct {
 	list       *devList
 	dirty      bool
 	dead       bool
+}
+
+// seriesOf returns the device's series of metric name, or nil.
+func (d *device) seriesOf(name []byte) *series {
+	for _, s := range d.series {
+		if s.name == string(name) {
+			return s
+		}
+	}
+	return nil
 }
 
 // devList is a doubly linked list of devices ordered by lastSeen.
@@ -238,7 +250,7 @@ type engine struct {
 	loads    uint64 // evicted windows read back, since New
 	// dedupLoads are cold dedup groups read back, since New.
 	dedupLoads uint64
-	evictSer []*series
+	evictSer   []*series
 }
 
 func newEngine(cfg *Config) *engine {
@@ -433,8 +445,7 @@ func (e *engine) metricName(prefix string, m []byte) []byte {
 
 func (e *engine) newDevice(name string) *device {
 	name = strings.Clone(name) // not a slice of the record's topic
-	d := &device{name: name, finalBefore: noTime, nextEmit: endless, nextPrune: endless,
-		series: map[string]*series{}}
+	d := &device{name: name, finalBefore: noTime, nextEmit: endless, nextPrune: endless}
 	if h, ok := e.tombstones[name]; ok {
 		// A device that expired comes back: windows it may have emitted
 		// stay final, so none restarts at rev 1 with other content.
@@ -500,7 +511,7 @@ func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string)
 	accepted := false
 	for _, m := range rd.metrics {
 		name := e.metricName(prefix, m.name)
-		ser := dev.series[string(name)]
+		ser := dev.seriesOf(name)
 		for s := last; s > t-e.sizeMs; s -= e.slideMs {
 			end := s + e.sizeMs
 			if end <= dev.finalBefore {
@@ -513,7 +524,7 @@ func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string)
 			}
 			if ser == nil {
 				ser = &series{dev: dev, name: string(name)}
-				dev.series[ser.name] = ser
+				dev.series = append(dev.series, ser)
 			}
 			w := ser.find(s)
 			if w == nil {
@@ -634,7 +645,8 @@ func (e *engine) scanDevice(dev *device, wm int64) {
 // device's next due points.
 func (e *engine) pruneDevice(dev *device) {
 	dev.nextEmit, dev.nextPrune = endless, endless
-	for name, ser := range dev.series {
+	kept := dev.series[:0]
+	for _, ser := range dev.series {
 		ws := ser.windows
 		for i := 0; i < len(ws); {
 			w := ws[i]
@@ -671,10 +683,12 @@ func (e *engine) pruneDevice(dev *device) {
 		if len(ser.evicted) > 0 {
 			dev.nextPrune = min(dev.nextPrune, ser.evicted[0]+e.sizeMs)
 		}
-		if len(ws) == 0 && len(ser.evicted) == 0 {
-			delete(dev.series, name)
+		if len(ws) > 0 || len(ser.evicted) > 0 {
+			kept = append(kept, ser)
 		}
 	}
+	clear(dev.series[len(kept):])
+	dev.series = kept
 	if dev.finalBefore >= dev.dedup.minEnd() {
 		e.pruneDedup(dev, dev.finalBefore)
 	}

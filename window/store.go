@@ -335,8 +335,7 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 	e.revBase = uint32(getU64(r, keyRevBase))
 	var devs []*device
 	err := tx.Bucket(bucketDevices).ForEach(func(k, v []byte) error {
-		d := &device{name: string(k), nextEmit: endless, nextPrune: endless,
-			series: map[string]*series{}}
+		d := &device{name: string(k), nextEmit: endless, nextPrune: endless}
 		if err := decodeDevice(v, d); err != nil {
 			return fmt.Errorf("device %q: %w", k, err)
 		}
@@ -356,10 +355,10 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 		if d == nil {
 			return fmt.Errorf("%w: window of unknown device %q", ErrCorruptState, devName)
 		}
-		ser := d.series[metric]
+		ser := d.seriesOf([]byte(metric))
 		if ser == nil {
 			ser = &series{dev: d, name: metric}
-			d.series[metric] = ser
+			d.series = append(d.series, ser)
 		}
 		var w window
 		if err := decodeWindow(v, &w); err != nil {
