@@ -246,7 +246,7 @@ func (b *Bronze) Append(recs []Record) error {
 }
 
 // tailMaxBytes bounds the in-memory tail.
-const tailMaxBytes = 2 << 20
+const tailMaxBytes = 4 << 20
 
 // tailChunk is one committed append: arena is the chunk as stored (each
 // record a uvarint length and its encoding), record i ending at ends[i].

@@ -285,19 +285,20 @@ func (a *Agent) outboxEmpty() bool {
 }
 
 // trimLoop applies Bronze retention behind the window checkpoint every 5 s,
-// and every second takes the file pages bbolt's reads touched out of the
-// resident set (boltkv.DropMapped), so the agent's RSS is its heap, not
-// its data files.
+// and every dropMappedEvery takes the file pages bbolt's reads touched out
+// of the resident set (boltkv.DropMapped), so the agent's RSS is its heap,
+// not its data files.
 func (a *Agent) trimLoop(ctx context.Context) {
-	t := time.NewTicker(time.Second)
+	t := time.NewTicker(dropMappedEvery)
 	defer t.Stop()
+	trimEvery := int(5 * time.Second / dropMappedEvery)
 	for tick := 1; ; tick++ {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		for tick%5 == 0 {
+		for tick%trimEvery == 0 {
 			n, err := a.Bronze.Trim(10_000)
 			if err != nil {
 				a.log.Error("bronze retention failed", "err", err)
@@ -315,6 +316,14 @@ func (a *Agent) trimLoop(ctx context.Context) {
 		}
 	}
 }
+
+// dropMappedEvery: the kernel maps up to 16 cached pages around each page
+// a read faults in (fault-around), so a checkpoint that reads a few
+// hundred leaf pages maps megabytes of the state file within a second.
+// Load mode, 10,000 devices, three alternated pairs: peak RSS 112-117 MiB
+// at 250 ms against 123-128 MiB at 1 s, CPU per reading within the runs'
+// noise; the advice costs one madvise per file.
+const dropMappedEvery = 250 * time.Millisecond
 
 // Close closes the files. Safe to call twice.
 func (a *Agent) Close() error {
