@@ -20,12 +20,12 @@ import (
 //
 // Groups whose readings' windows were all emitted go cold after the
 // checkpoint that wrote them (see evict): their ids stay only in the state
-// database, and memory keeps a 16-bit fingerprint of each. Only a retry of
-// an older reading or a late reading can match one, so the fingerprints
-// turn a lookup that would cost a read into one that almost never does:
-// a fingerprint that matches makes the engine read the group's row and
-// decide exactly. At 10 minutes of lateness this keeps 2 bytes an id in
-// memory instead of about 17.
+// database, and memory keeps a 16-bit fingerprint of each. A fingerprint
+// that matches makes the engine read the group's row and decide exactly;
+// only a retry of an older reading matches for real, and a new id matches
+// by chance about once in 65,536 / (cold ids of its device) lookups. In
+// load mode (10,000 devices, 10 minutes of lateness) the ids' heap went
+// from about 17 MB to about 3.
 type dedupSet struct {
 	groups []dedupIDs // hot groups, by end, ascending
 	n      int        // ids in the hot groups
