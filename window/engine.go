@@ -551,12 +551,10 @@ func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string)
 	if accepted && rd.hasID {
 		end := last + e.sizeMs
 		if i, ok := dev.dedup.coldAt(end); ok {
-			ids, err := e.loadDedup(dev.name, end)
-			if err != nil {
-				e.loadErr = fmt.Errorf("load dedup group %s at %s: %w", dev.name, fmtMs(end), err)
-				return
+			ids, ok := e.readDedup(dev, end)
+			if !ok {
+				return // the Step fails and reloads the state
 			}
-			e.dedupLoads++
 			dev.dedup.warm(i, ids)
 		}
 		if dev.dedup.add(rd.id, end) {
@@ -591,16 +589,25 @@ func (e *engine) duplicate(dev *device, id uint64) (dup, ok bool) {
 	}
 	ok = true
 	dup = dev.dedup.coldCandidates(id, dev.finalBefore, func(end int64) bool {
-		ids, err := e.loadDedup(dev.name, end)
-		if err != nil {
-			e.loadErr = fmt.Errorf("load dedup group %s at %s: %w", dev.name, fmtMs(end), err)
-			ok = false
-			return true
+		var ids []uint64
+		if ids, ok = e.readDedup(dev, end); !ok {
+			return true // stop looking
 		}
-		e.dedupLoads++
 		return slices.Contains(ids, id)
 	})
 	return dup && ok, ok
+}
+
+// readDedup reads the ids of dev's cold dedup group of end back from disk;
+// on failure it records the error in e.loadErr and returns false.
+func (e *engine) readDedup(dev *device, end int64) ([]uint64, bool) {
+	ids, err := e.loadDedup(dev.name, end)
+	if err != nil {
+		e.loadErr = fmt.Errorf("load dedup group %s at %s: %w", dev.name, fmtMs(end), err)
+		return nil, false
+	}
+	e.dedupLoads++
+	return ids, true
 }
 
 // restore reads the evicted window at ser.evicted[i] back into memory,
