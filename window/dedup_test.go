@@ -171,3 +171,40 @@ func BenchmarkDedupSeen(b *testing.B) {
 		b.Fatalf("%d of %d random ids seen", found, b.N)
 	}
 }
+
+// BenchmarkDedupSeenCold is BenchmarkDedupSeen with ten of each device's
+// eleven groups cold, as after a checkpoint in load mode: a new id is
+// looked up in the hot group and then in the cold fingerprints, and reads
+// a group back only when a fingerprint matches by chance.
+func BenchmarkDedupSeenCold(b *testing.B) {
+	const devices = 10_000
+	rng := rand.New(rand.NewPCG(1, 2))
+	sets := make([]dedupSet, devices)
+	for d := range sets {
+		for g := range int64(11) {
+			for range 6 {
+				sets[d].add(rng.Uint64(), g+1)
+			}
+		}
+		sets[d].written()
+		sets[d].evict(10)
+	}
+	probes := make([]uint64, 4096)
+	for i := range probes {
+		probes[i] = rng.Uint64()
+	}
+	reads := 0
+	check := func(int64) bool { reads++; return false }
+	b.ResetTimer()
+	found := 0
+	for i := range b.N {
+		s, id := &sets[i%devices], probes[i%len(probes)]
+		if s.seen(id, 0) || s.coldCandidates(id, 0, check) {
+			found++
+		}
+	}
+	if found > 0 || reads > b.N/100+1 {
+		b.Fatalf("%d of %d random ids seen, %d group reads", found, b.N, reads)
+	}
+	b.ReportMetric(float64(reads)/float64(b.N), "reads/lookup")
+}
