@@ -203,21 +203,17 @@ func (s *dedupSet) warm(i int, ids []uint64) {
 // must run right after a checkpoint, when every clean group is on disk as
 // it is; through is the device's watermark, so every window of their
 // readings was emitted and new in-order readings never land in them.
-func (s *dedupSet) evict(through int64) (ids int) {
-	k := 0
+func (s *dedupSet) evict(through int64) {
+	k, ids := 0, 0
 	for k < len(s.groups) && s.groups[k].end <= through && !s.groups[k].dirty {
+		s.addCold(s.groups[k].end, s.groups[k].ids)
+		ids += len(s.groups[k].ids)
 		k++
 	}
-	if k == 0 {
-		return 0
+	if k > 0 {
+		s.dropHot(k, ids)
+		s.rebuildColdBits()
 	}
-	for _, g := range s.groups[:k] {
-		s.addCold(g.end, g.ids)
-		ids += len(g.ids)
-	}
-	s.dropHot(k, ids)
-	s.rebuildColdBits()
-	return ids
 }
 
 // loadCold adds a stored group as cold (rows come in key order).

@@ -141,29 +141,38 @@ func TestDedupSetDropsWholeGroupsInOrder(t *testing.T) {
 	}
 }
 
-// BenchmarkDedupSeen looks up new ids (the common case) in the sets of
-// 10,000 devices, each holding 11 groups of 6 ids — load mode's shape:
-// readings every 10 s, 1-minute windows, 10 minutes of lateness. The
-// devices are visited in turn, so their groups are mostly not in cache.
-func BenchmarkDedupSeen(b *testing.B) {
-	const devices = 10_000
+// loadModeSets is load mode's dedup shape: 10,000 devices, each holding 11
+// groups of 6 ids (readings every 10 s, 1-minute windows, 10 minutes of
+// lateness), with the groups ending at or before coldThrough cold as after
+// a checkpoint; and 4096 new ids to look up.
+func loadModeSets(coldThrough int64) (sets []dedupSet, probes []uint64) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	sets := make([]dedupSet, devices)
+	sets = make([]dedupSet, 10_000)
 	for d := range sets {
 		for g := range int64(11) {
 			for range 6 {
 				sets[d].add(rng.Uint64(), g+1)
 			}
 		}
+		sets[d].written()
+		sets[d].evict(coldThrough)
 	}
-	probes := make([]uint64, 4096)
+	probes = make([]uint64, 4096)
 	for i := range probes {
 		probes[i] = rng.Uint64()
 	}
+	return sets, probes
+}
+
+// BenchmarkDedupSeen looks up new ids (the common case) in load mode's
+// sets, all hot. The devices are visited in turn, so their groups are
+// mostly not in cache.
+func BenchmarkDedupSeen(b *testing.B) {
+	sets, probes := loadModeSets(0)
 	b.ResetTimer()
 	found := 0
 	for i := range b.N {
-		if sets[i%devices].seen(probes[i%len(probes)], 0) {
+		if sets[i%len(sets)].seen(probes[i%len(probes)], 0) {
 			found++
 		}
 	}
@@ -177,28 +186,13 @@ func BenchmarkDedupSeen(b *testing.B) {
 // looked up in the hot group and then in the cold fingerprints, and reads
 // a group back only when a fingerprint matches by chance.
 func BenchmarkDedupSeenCold(b *testing.B) {
-	const devices = 10_000
-	rng := rand.New(rand.NewPCG(1, 2))
-	sets := make([]dedupSet, devices)
-	for d := range sets {
-		for g := range int64(11) {
-			for range 6 {
-				sets[d].add(rng.Uint64(), g+1)
-			}
-		}
-		sets[d].written()
-		sets[d].evict(10)
-	}
-	probes := make([]uint64, 4096)
-	for i := range probes {
-		probes[i] = rng.Uint64()
-	}
+	sets, probes := loadModeSets(10)
 	reads := 0
 	check := func(int64) bool { reads++; return false }
 	b.ResetTimer()
 	found := 0
 	for i := range b.N {
-		s, id := &sets[i%devices], probes[i%len(probes)]
+		s, id := &sets[i%len(sets)], probes[i%len(probes)]
 		if s.seen(id, 0) || s.coldCandidates(id, 0, check) {
 			found++
 		}

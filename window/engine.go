@@ -580,6 +580,10 @@ func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string)
 	}
 }
 
+// coldThrough is the end up to which d's dedup groups go cold once
+// written: its watermark, which every window of their readings has passed.
+func (e *engine) coldThrough(d *device) int64 { return d.wm(e.delayMs) }
+
 // duplicate reports whether id was accepted before from dev, reading cold
 // dedup groups whose fingerprint matches. ok is false when such a read
 // failed (recorded in e.loadErr).
@@ -920,7 +924,7 @@ func (e *engine) resetDelta() {
 	for _, d := range e.dedupDirty {
 		d.dedup.written()
 		if e.loadDedup != nil {
-			d.dedup.evict(d.wm(e.delayMs))
+			d.dedup.evict(e.coldThrough(d))
 		}
 	}
 	e.dedupDirty = e.dedupDirty[:0]

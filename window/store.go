@@ -400,7 +400,7 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 		ids := decodeDedupIDs(v)
 		// Groups the watermark has passed are cold, as a checkpoint
 		// leaves them (see dedupSet).
-		if loadDedup != nil && le <= d.wm(e.delayMs) {
+		if loadDedup != nil && le <= e.coldThrough(d) {
 			d.dedup.loadCold(le, ids)
 		} else {
 			d.dedup.load(le, ids)
