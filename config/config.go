@@ -72,6 +72,12 @@ type MQTT struct {
 // Embedded configures the built-in broker (mqtt.broker: embedded).
 type Embedded struct {
 	Listen string `yaml:"listen"` // host:port
+	// MaxPendingWrites bounds the messages the broker holds for one
+	// connected client while they wait to be written to it; beyond that
+	// it drops them (counted). The broker reserves room for this many on
+	// every connection, devices included, so it sets a floor on memory
+	// per connected device.
+	MaxPendingWrites int `yaml:"max_pending_writes"`
 }
 
 // Subscription is one topic template the agent subscribes to.
@@ -260,7 +266,7 @@ func Default() *Config {
 		Log:     Log{Format: "text", Level: "info"},
 		MQTT: MQTT{
 			Broker:               "tcp://127.0.0.1:1883",
-			Embedded:             Embedded{Listen: "127.0.0.1:1883"},
+			Embedded:             Embedded{Listen: "127.0.0.1:1883", MaxPendingWrites: 256},
 			KeepAlive:            Duration(30 * time.Second),
 			ConnectTimeout:       Duration(10 * time.Second),
 			ReconnectMaxInterval: Duration(30 * time.Second),

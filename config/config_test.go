@@ -40,6 +40,7 @@ func TestDefaults(t *testing.T) {
 		"log.level":                            "info",
 		"mqtt.broker":                          "tcp://127.0.0.1:1883",
 		"mqtt.embedded.listen":                 "127.0.0.1:1883",
+		"mqtt.embedded.max_pending_writes":     "256",
 		"mqtt.client_id":                       "",
 		"mqtt.username":                        "",
 		"mqtt.password":                        "",

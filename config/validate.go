@@ -133,6 +133,7 @@ func (v *validator) mqtt() {
 			scheme = u.Scheme
 		}
 	}
+	v.atLeast("mqtt.embedded.max_pending_writes", m.Embedded.MaxPendingWrites, 1)
 	if m.Embedded.Listen != "" {
 		v.hostPort("mqtt.embedded.listen", m.Embedded.Listen)
 	}

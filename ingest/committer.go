@@ -78,6 +78,10 @@ type Stats struct {
 	CommitFailing atomic.Bool
 	Connected     atomic.Bool
 	Reconnects    atomic.Uint64
+	// BrokerDropped counts messages the embedded broker dropped for a
+	// connected client whose write queue (mqtt.embedded.max_pending_writes)
+	// was full.
+	BrokerDropped atomic.Uint64
 
 	mu       sync.Mutex
 	rejected map[string]uint64

@@ -35,7 +35,9 @@ func (e *embedded) start(ctx context.Context) error {
 	if cfg.Logger.Enabled(ctx, slog.LevelWarn) {
 		mlog = cfg.Logger.With("component", "broker")
 	}
-	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: mlog})
+	caps := mochi.NewDefaultServerCapabilities()
+	caps.MaximumClientWritesPending = int32(cfg.EmbeddedMaxPendingWrites)
+	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: mlog, Capabilities: caps})
 	if err := srv.AddHook(new(allowHook), nil); err != nil {
 		return fmt.Errorf("embedded broker: auth hook: %w", err)
 	}
@@ -155,7 +157,18 @@ type ingestHook struct {
 
 func (h *ingestHook) ID() string { return "edgeagent-ingest" }
 
-func (h *ingestHook) Provides(b byte) bool { return b == mochi.OnPublish }
+func (h *ingestHook) Provides(b byte) bool {
+	return b == mochi.OnPublish || b == mochi.OnPublishDropped
+}
+
+// OnPublishDropped counts a message mochi dropped because the client's
+// write queue was full: a slow local subscriber, never device data.
+func (h *ingestHook) OnPublishDropped(cl *mochi.Client, pk packets.Packet) {
+	if h.in.stats.BrokerDropped.Add(1) == 1 {
+		h.in.com.log.Warn("embedded broker: a client's write queue is full, dropping messages to it (counted in broker_dropped_total)",
+			"client", cl.ID, "topic", pk.TopicName, "max_pending_writes", h.in.cfg.EmbeddedMaxPendingWrites)
+	}
+}
 
 func (h *ingestHook) OnPublish(cl *mochi.Client, pk packets.Packet) (packets.Packet, error) {
 	if cl.Net.Inline || !h.in.matches(pk.TopicName) {

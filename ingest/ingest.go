@@ -42,15 +42,19 @@ type Config struct {
 	Broker string
 	// Embedded runs the built-in broker on this address instead, and ingests
 	// inside it: a device's PUBACK is sent only after the Bronze commit.
-	Embedded       string
-	ClientID       string
-	Username       string
-	Password       string
-	TLS            *tls.Config
-	KeepAlive      time.Duration
-	ConnectTimeout time.Duration
-	ReconnectMax   time.Duration
-	Subscriptions  []Subscription
+	Embedded string
+	// EmbeddedMaxPendingWrites is mqtt.embedded.max_pending_writes: the
+	// built-in broker's queue of messages to write to one client (default
+	// 256). mochi's default, 8,192, reserves 64 KiB on every connection.
+	EmbeddedMaxPendingWrites int
+	ClientID                 string
+	Username                 string
+	Password                 string
+	TLS                      *tls.Config
+	KeepAlive                time.Duration
+	ConnectTimeout           time.Duration
+	ReconnectMax             time.Duration
+	Subscriptions            []Subscription
 
 	CommitInterval   time.Duration
 	MaxCommitRecords int
@@ -72,6 +76,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.ClientID == "" {
 		return fmt.Errorf("%w: empty client id (a persistent session needs a stable one)", ErrConfig)
+	}
+	if c.EmbeddedMaxPendingWrites <= 0 {
+		c.EmbeddedMaxPendingWrites = 256
 	}
 	if c.MaxCommitRecords <= 0 {
 		c.MaxCommitRecords = 1000

@@ -38,7 +38,7 @@ func (l *logBuffer) String() string {
 	return l.buf.String()
 }
 
-func openBronze(t *testing.T, opts buffer.Options) *buffer.Bronze {
+func openBronze(t testing.TB, opts buffer.Options) *buffer.Bronze {
 	t.Helper()
 	b, err := buffer.Open(filepath.Join(t.TempDir(), "bronze.db"), opts)
 	if err != nil {
@@ -73,7 +73,7 @@ func testConfig(t testing.TB, broker, clientID string, logs io.Writer) Config {
 	}
 }
 
-func startIngester(t *testing.T, b *buffer.Bronze, cfg Config) *Ingester {
+func startIngester(t testing.TB, b *buffer.Bronze, cfg Config) *Ingester {
 	t.Helper()
 	in, err := New(b, cfg)
 	if err != nil {

@@ -3,6 +3,7 @@ package testrig_test
 import (
 	"context"
 	"flag"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,8 @@ import (
 var (
 	loadDevices  = flag.Int("load.devices", 10_000, "BenchmarkLoad: simulated devices")
 	loadDuration = flag.Duration("load.duration", 30*time.Second, "BenchmarkLoad: how long the agent is loaded")
+	loadEmbedded = flag.Bool("load.embedded", false, "BenchmarkLoad: devices publish to the agent's embedded broker")
+	loadConns    = flag.Int("load.connections", 0, "BenchmarkLoad: MQTT connections the devices share (0: the rig's default)")
 )
 
 // BenchmarkLoad is edgerig load as a benchmark (make bench): the real
@@ -25,7 +28,8 @@ func BenchmarkLoad(b *testing.B) {
 		devices, d = 1_000, 5*time.Second
 	}
 	for i := 0; i < b.N; i++ {
-		lr, err := rig.Load(context.Background(), rig.LoadOptions{Agent: bin, Devices: devices, Duration: d})
+		lr, err := rig.Load(context.Background(), rig.LoadOptions{Agent: bin, Devices: devices, Duration: d,
+			Embedded: *loadEmbedded, Connections: *loadConns})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -41,5 +45,37 @@ func BenchmarkLoad(b *testing.B) {
 		b.ReportMetric(float64(lr.PeakRSSBytes)/(1<<20), "peak-RSS-MiB")
 		b.ReportMetric(lr.CPUSecondsPerMillion, "CPU-s/Mreadings")
 		b.ReportMetric(lr.UplinkBytesPerReading, "uplink-B/reading")
+	}
+}
+
+// A short load run with the devices on the agent's embedded broker: the
+// ceiling comes from a broker of its own, ingest from the agent's
+// committed count, and every window still verifies.
+func TestLoadEmbeddedShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a load run with the real agent")
+	}
+	lr, err := rig.Load(context.Background(), rig.LoadOptions{Agent: agent(t), Devices: 200, Connections: 40,
+		Duration: 3 * time.Second, CeilingDuration: 2 * time.Second, MaxRate: 4000, Embedded: true, Progress: logWriter{t}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table strings.Builder
+	lr.WriteTable(&table)
+	t.Log(table.String())
+	if !lr.OK() {
+		t.Fatalf("load run failed: %v", lr.Failures)
+	}
+	if lr.Broker == lr.CeilingBroker || !strings.Contains(lr.Broker, "embedded") {
+		t.Errorf("broker %q, ceiling measured on %q: want the agent's embedded broker and a separate one", lr.Broker, lr.CeilingBroker)
+	}
+	if lr.IngestSource != "status.json committed_total" || lr.Ingest.Count == 0 || lr.Readings == 0 {
+		t.Errorf("ingest %d from %q, %d readings: want the agent's committed count", lr.Ingest.Count, lr.IngestSource, lr.Readings)
+	}
+	if lr.Result == nil || lr.Result.Windows.Correct == 0 {
+		t.Errorf("no window verified: %+v", lr.Result)
+	}
+	if !strings.Contains(table.String(), "include its broker's work") {
+		t.Errorf("the table does not say the agent's figures include its broker:\n%s", table.String())
 	}
 }

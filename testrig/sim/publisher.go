@@ -280,12 +280,14 @@ func (p *Publisher) runConn(ctx context.Context, c paho.Client, conn int, start 
 		}
 		inflight = p.reap(ctx, c, append(inflight, p.publish(c, it)))
 	}
-	drain, cancel := context.WithTimeout(context.Background(), p.cfg.DrainTimeout)
+	// What is in flight is waited for while ctx lives and DrainTimeout
+	// after it ends: the plan can run out just before ctx does, and a broker
+	// that acknowledges after a commit (the agent's embedded one) still has
+	// acknowledgements coming.
+	waitCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
-	waitCtx := ctx
-	if ctx.Err() != nil {
-		waitCtx = drain
-	}
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(p.cfg.DrainTimeout, cancel) })
+	defer stop()
 	for i := range inflight {
 		if err := p.await(waitCtx, c, &inflight[i]); err != nil {
 			if waitCtx.Err() != nil {

@@ -85,7 +85,7 @@ func ingestConfig(cfg *config.Config, log *slog.Logger, clock func() time.Time) 
 		Logger:           log,
 	}
 	if cfg.MQTT.Broker == "embedded" {
-		ic.Broker, ic.Embedded = "", cfg.MQTT.Embedded.Listen
+		ic.Broker, ic.Embedded, ic.EmbeddedMaxPendingWrites = "", cfg.MQTT.Embedded.Listen, cfg.MQTT.Embedded.MaxPendingWrites
 	}
 	return ic, nil
 }

@@ -57,6 +57,7 @@ func (s *statusSource) Snapshot() status.Snapshot {
 		CommitSecondsTotal: time.Duration(in.CommitNanos.Load()).Seconds(),
 		LastCommitSeconds:  time.Duration(in.LastCommitNano.Load()).Seconds(),
 		Reconnects:         in.Reconnects.Load(),
+		BrokerDropped:      in.BrokerDropped.Load(),
 		Rejected:           in.Rejected(),
 		BronzeFull:         in.Full.Load(),
 		LastError:          in.LastError(),

@@ -242,6 +242,9 @@ func Warnings(snap *Snapshot, trigger time.Duration) []string {
 			w = append(w, fmt.Sprintf("uplink %s for %s", snap.Uplink.State, d.Round(time.Second)))
 		}
 	}
+	if n := snap.Ingest.BrokerDropped; n > 0 {
+		w = append(w, fmt.Sprintf("embedded broker dropped %d messages for a client whose write queue was full (mqtt.embedded.max_pending_writes)", n))
+	}
 	if snap.Ingest.CommitFailures > 0 && snap.Ingest.LastError != "" {
 		w = append(w, "last Bronze commit error: "+snap.Ingest.LastError)
 	}

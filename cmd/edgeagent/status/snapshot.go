@@ -30,19 +30,22 @@ type Snapshot struct {
 
 // Ingest is the MQTT side.
 type Ingest struct {
-	Broker             string            `json:"broker"`
-	Connected          bool              `json:"connected"`
-	ReceivedTotal      uint64            `json:"received_total"`
-	CommittedTotal     uint64            `json:"committed_total"`
-	AckedTotal         uint64            `json:"acked_total"`
-	CommitsTotal       uint64            `json:"commits_total"`
-	CommitFailures     uint64            `json:"commit_failures_total"`
-	CommitSecondsTotal float64           `json:"commit_seconds_total"`
-	LastCommitSeconds  float64           `json:"last_commit_seconds"`
-	Reconnects         uint64            `json:"reconnects_total"`
-	Rejected           map[string]uint64 `json:"rejected_total"`
-	BronzeFull         bool              `json:"bronze_full"`
-	LastError          string            `json:"last_error,omitempty"`
+	Broker             string  `json:"broker"`
+	Connected          bool    `json:"connected"`
+	ReceivedTotal      uint64  `json:"received_total"`
+	CommittedTotal     uint64  `json:"committed_total"`
+	AckedTotal         uint64  `json:"acked_total"`
+	CommitsTotal       uint64  `json:"commits_total"`
+	CommitFailures     uint64  `json:"commit_failures_total"`
+	CommitSecondsTotal float64 `json:"commit_seconds_total"`
+	LastCommitSeconds  float64 `json:"last_commit_seconds"`
+	Reconnects         uint64  `json:"reconnects_total"`
+	// BrokerDropped: messages the embedded broker dropped for a client
+	// whose write queue was full (always 0 with an external broker).
+	BrokerDropped uint64            `json:"broker_dropped_total"`
+	Rejected      map[string]uint64 `json:"rejected_total"`
+	BronzeFull    bool              `json:"bronze_full"`
+	LastError     string            `json:"last_error,omitempty"`
 }
 
 // Bronze is the raw log.

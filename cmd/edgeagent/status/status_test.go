@@ -48,7 +48,7 @@ func (f *fakeSource) Config() []byte { return []byte("gateway_id: gw-7\nmqtt:\n 
 func sampleSnapshot() Snapshot {
 	return Snapshot{
 		Gateway: "gw-7", Version: "1.2.3", Time: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC), UptimeSeconds: 3600,
-		Ingest: Ingest{Broker: "tcp://127.0.0.1:1883", Connected: true, ReceivedTotal: 12345, Rejected: map[string]uint64{"payload_too_large": 2}},
+		Ingest: Ingest{Broker: "tcp://127.0.0.1:1883", Connected: true, ReceivedTotal: 12345, Rejected: map[string]uint64{"payload_too_large": 2}, BrokerDropped: 6},
 		Bronze: Bronze{Records: 5000, Bytes: 900 << 20, MaxBytes: 1 << 30, BacklogRecords: 4321},
 		Window: Window{ProcessedTotal: 8024, OpenWindows: 40000, EvictedWindows: 36000, LagSeconds: 2.5, LastBatchSeconds: 1.5, TriggerIntervalSeconds: 1,
 			DeadLettersTotal: 3, DeadLettersByReason: map[string]uint64{"not_json": 3}, LateTotal: 7, DuplicatesTotal: 11},
@@ -126,6 +126,7 @@ func TestMetricsExposition(t *testing.T) {
 		`edgeagent_uplink_state{state="down"} 1`,
 		"edgeagent_end_to_end_lag_seconds 2.5",
 		"edgeagent_bronze_backlog_records 4321",
+		"edgeagent_ingest_broker_dropped_total 6",
 		"edgeagent_window_evicted_windows 36000",
 		"# TYPE edgeagent_late_readings_total counter",
 		"process_resident_memory_bytes",
@@ -140,7 +141,8 @@ func TestWarnings(t *testing.T) {
 	snap := sampleSnapshot()
 	snap.Rates.BacklogGrowth = 50
 	w := strings.Join(Warnings(&snap, time.Second), "\n")
-	for _, want := range []string{"backlog growing", "slower than the trigger", "outbox near its bound", "Bronze near its bound", "uplink down for 1h0m0s"} {
+	for _, want := range []string{"backlog growing", "slower than the trigger", "outbox near its bound", "Bronze near its bound", "uplink down for 1h0m0s",
+		"embedded broker dropped 6 messages"} {
 		if !strings.Contains(w, want) {
 			t.Errorf("warnings lack %q:\n%s", want, w)
 		}

@@ -37,7 +37,7 @@ const usage = `edgerig — simulated devices, faults and cloud around the real e
 Usage:
   edgerig run [--agent PATH] [--short] [--json FILE] [--dir DIR] [--keep] [--broker mochi|mosquitto] [--mqtt URL] [--nats URL] SCENARIO
   edgerig demo [--agent PATH] [--duration D] [--devices N] [--dir DIR]
-  edgerig load [--agent PATH] [--devices N] [--duration D] [--reading-interval D] [--json FILE] [--mqtt URL]
+  edgerig load [--agent PATH] [--devices N] [--duration D] [--reading-interval D] [--json FILE] [--mqtt URL | --embedded]
   edgerig scenarios
 
 SCENARIO is a stock scenario name (edgerig scenarios lists them) or a YAML file.
@@ -205,6 +205,7 @@ func cmdLoad(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	interval := fs.Duration("reading-interval", rig.DefaultReadingInterval, "event time between one device's readings (sets how fast event time runs)")
 	jsonPath := fs.String("json", "", "also write the figures as JSON to `FILE`")
 	mqtt := fs.String("mqtt", "", "use this external MQTT broker `URL` (the ceiling is measured on it too)")
+	embedded := fs.Bool("embedded", false, "devices publish to the agent's embedded broker (its CPU and memory then include the broker's)")
 	dir := fs.String("dir", "", "run directory (default: a temporary one)")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -214,8 +215,12 @@ func cmdLoad(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "edgerig load: unexpected argument %q\n", pos[0])
 		return exitUsage
 	}
+	if *embedded && *mqtt != "" {
+		fmt.Fprintln(stderr, "edgerig load: --embedded and --mqtt exclude each other (the devices publish either to the agent or to the external broker)")
+		return exitUsage
+	}
 	lr, err := rig.Load(ctx, rig.LoadOptions{Agent: *agent, Devices: *devices, Duration: *duration, Connections: *conns,
-		ReadingInterval: *interval, MQTT: *mqtt, Dir: *dir, Progress: stderr})
+		ReadingInterval: *interval, MQTT: *mqtt, Embedded: *embedded, Dir: *dir, Progress: stderr})
 	if err != nil {
 		fmt.Fprintf(stderr, "edgerig load: %v\n", err)
 		return exitError

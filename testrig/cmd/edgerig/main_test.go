@@ -22,6 +22,7 @@ func TestUsageAndScenarios(t *testing.T) {
 		{[]string{"run", "--bogus", "steady"}, exitUsage, "flag provided but not defined"},
 		{[]string{"run", "--agent", "/nonexistent/edgeagent", "--quiet", "steady"}, exitError, "agent binary not found"},
 		{[]string{"demo", "extra"}, exitUsage, "unexpected argument"},
+		{[]string{"load", "--embedded", "--mqtt", "tcp://127.0.0.1:1"}, exitUsage, "exclude each other"},
 	}
 	for _, c := range cases {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {

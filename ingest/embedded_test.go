@@ -1,0 +1,124 @@
+package ingest
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/edgeagent/edgeagent/buffer"
+	"github.com/edgeagent/edgeagent/testrig/mqtttest"
+)
+
+// rawClient connects to addr as an MQTT 3.1.1 client with a bare TCP
+// connection and reads the CONNACK; it reads nothing after what the caller
+// asks for, so its socket fills like a stuck subscriber's would.
+func rawClient(t testing.TB, addr, id string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect}, ProtocolVersion: 4,
+		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Clean: true, Keepalive: 60, ClientIdentifier: id}}
+	var buf bytes.Buffer
+	if err := pk.ConnectEncode(&buf); err != nil {
+		t.Fatal(err)
+	}
+	rawRoundTrip(t, conn, buf.Bytes(), 4) // CONNACK
+	return conn
+}
+
+// rawRoundTrip writes req and reads a reply of n bytes.
+func rawRoundTrip(t testing.TB, conn net.Conn, req []byte, n int) {
+	t.Helper()
+	if _, err := conn.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(conn, make([]byte, n)); err != nil {
+		t.Fatalf("read %d-byte reply: %v", n, err)
+	}
+}
+
+// A local subscriber that stops reading fills its write queue; the
+// embedded broker then drops what it would send it, counts the drops and
+// warns, and device data keeps being ingested and acknowledged.
+func TestEmbeddedStuckSubscriberIsCountedNotBlocking(t *testing.T) {
+	logs := &logBuffer{}
+	b := openBronze(t, buffer.Options{})
+	cfg := testConfig(t, "", "edgeagent-stuck", logs)
+	cfg.Embedded = fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+	cfg.EmbeddedMaxPendingWrites = 4
+	in := startIngester(t, b, cfg)
+
+	conn := rawClient(t, cfg.Embedded, "stuck-subscriber")
+	sub := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Subscribe, Qos: 1}, ProtocolVersion: 4, PacketID: 1,
+		Filters: packets.Subscriptions{{Filter: "local/#", Qos: 0}}}
+	var buf bytes.Buffer
+	if err := sub.SubscribeEncode(&buf); err != nil {
+		t.Fatal(err)
+	}
+	rawRoundTrip(t, conn, buf.Bytes(), 5) // SUBACK; nothing is read after it
+
+	// Far more than the loopback socket buffers hold: the broker's writer
+	// blocks, its queue of four fills, and the rest is dropped.
+	payload := bytes.Repeat([]byte("x"), 64<<10)
+	for i := 0; i < 1000 && in.Stats().BrokerDropped.Load() == 0; i++ {
+		if err := in.Publish("local/x", payload, false, 0); err != nil {
+			t.Fatalf("local publish %d: %v", i, err)
+		}
+	}
+	mqtttest.WaitFor(t, 10*time.Second, "drops counted", func() bool { return in.Stats().BrokerDropped.Load() > 0 })
+	if !strings.Contains(logs.String(), "write queue is full") {
+		t.Errorf("no warning about the full write queue in the log:\n%s", logs.String())
+	}
+
+	pub := mqtttest.NewPublisher(t, "tcp://"+cfg.Embedded, "device-beside-stuck")
+	pub.Publish(t, "sensors/d1/telemetry", 1, []byte(`{"id":"after-drops"}`))
+	if got := messagesIn(t, b); len(got) != 1 || got[`{"id":"after-drops"}`].Topic != "sensors/d1/telemetry" {
+		t.Fatalf("bronze holds %v, want the device's message", got)
+	}
+}
+
+// BenchmarkEmbeddedConnectionHeap reports the embedded broker's heap per
+// connected client (devices connect and stay connected), at
+// mqtt.embedded.max_pending_writes' default and at mochi's own 8,192.
+// The broker makes each client's write queue at connect, so its size is a
+// floor under memory per device connection.
+func BenchmarkEmbeddedConnectionHeap(b *testing.B) {
+	for _, pending := range []int{256, 8192} {
+		b.Run(fmt.Sprintf("max_pending_writes=%d", pending), func(b *testing.B) {
+			const conns = 500
+			for range b.N {
+				bz := openBronze(b, buffer.Options{})
+				cfg := testConfig(b, "", "edgeagent-heap", nil)
+				cfg.Embedded = fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(b))
+				cfg.EmbeddedMaxPendingWrites = pending
+				startIngester(b, bz, cfg)
+				before := heapInUse()
+				for i := range conns {
+					rawClient(b, cfg.Embedded, fmt.Sprintf("device-%04d", i))
+				}
+				after := heapInUse()
+				b.ReportMetric(float64(after-before)/conns, "heap-B/conn")
+			}
+		})
+	}
+}
+
+func heapInUse() int64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapInuse)
+}
