@@ -90,11 +90,11 @@ func TestEmbeddedStuckSubscriberIsCountedNotBlocking(t *testing.T) {
 	}
 }
 
-// BenchmarkEmbeddedConnectionHeap reports the embedded broker's heap per
-// connected client (devices connect and stay connected), at
-// mqtt.embedded.max_pending_writes' default and at mochi's own 8,192.
-// The broker makes each client's write queue at connect, so its size is a
-// floor under memory per device connection.
+// BenchmarkEmbeddedConnectionHeap reports the embedded broker's heap and
+// goroutine stacks per connected client (devices connect and stay
+// connected), at mqtt.embedded.max_pending_writes' default and at mochi's
+// own 8,192. The broker makes each client's write queue at connect, so its
+// size is a floor under memory per device connection.
 func BenchmarkEmbeddedConnectionHeap(b *testing.B) {
 	for _, pending := range []int{256, 8192} {
 		b.Run(fmt.Sprintf("max_pending_writes=%d", pending), func(b *testing.B) {
@@ -105,20 +105,24 @@ func BenchmarkEmbeddedConnectionHeap(b *testing.B) {
 				cfg.Embedded = fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(b))
 				cfg.EmbeddedMaxPendingWrites = pending
 				startIngester(b, bz, cfg)
-				before := heapInUse()
+				g0 := runtime.NumGoroutine()
+				heap0, stack0 := memInUse()
 				for i := range conns {
 					rawClient(b, cfg.Embedded, fmt.Sprintf("device-%04d", i))
 				}
-				after := heapInUse()
-				b.ReportMetric(float64(after-before)/conns, "heap-B/conn")
+				heap1, stack1 := memInUse()
+				b.ReportMetric(float64(heap1-heap0)/conns, "heap-B/conn")
+				b.ReportMetric(float64(stack1-stack0)/conns, "stack-B/conn")
+				b.ReportMetric(float64(runtime.NumGoroutine()-g0)/conns, "goroutines/conn")
 			}
 		})
 	}
 }
 
-func heapInUse() int64 {
+// memInUse returns the heap and goroutine stacks in use after a collection.
+func memInUse() (heap, stacks int64) {
 	runtime.GC()
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
-	return int64(m.HeapInuse)
+	return int64(m.HeapInuse), int64(m.StackInuse)
 }
