@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -16,16 +17,18 @@ import (
 )
 
 // embedded runs the built-in mochi broker and ingests inside its publish
-// path: the hook hands each device message to the committer and returns only
-// after the Bronze commit, so mochi sends the device's PUBACK after the data
-// is durable. This is stronger than subscribing over loopback, where the
-// broker would acknowledge the device before the agent had stored anything
-// and a crash of the one process would lose both copies.
+// path: the hook hands each device message to the committer, and the
+// device's PUBACK goes out only after the Bronze commit (sent by the
+// ackWriter for QoS1, by mochi after the hook returns for QoS2). This is
+// stronger than subscribing over loopback, where the broker would
+// acknowledge the device before the agent had stored anything and a crash of
+// the one process would lose both copies.
 type embedded struct {
-	in  *Ingester
-	srv *mochi.Server
-	dl  *connectDeadline
-	up  atomic.Bool
+	in   *Ingester
+	srv  *mochi.Server
+	dl   *connectDeadline
+	acks *ackWriter
+	up   atomic.Bool
 }
 
 func (e *embedded) start(ctx context.Context) error {
@@ -41,7 +44,8 @@ func (e *embedded) start(ctx context.Context) error {
 	if err := srv.AddHook(new(allowHook), nil); err != nil {
 		return fmt.Errorf("embedded broker: auth hook: %w", err)
 	}
-	if err := srv.AddHook(&ingestHook{in: e.in}, nil); err != nil {
+	e.acks = &ackWriter{srv: srv, log: e.in.com.log, queues: map[*mochi.Client][]committedPublish{}}
+	if err := srv.AddHook(&ingestHook{in: e.in, acks: e.acks}, nil); err != nil {
 		return fmt.Errorf("embedded broker: ingest hook: %w", err)
 	}
 	ln, err := net.Listen("tcp", cfg.Embedded)
@@ -74,6 +78,9 @@ func (e *embedded) stop() {
 		go func() {
 			defer close(done)
 			e.srv.Close()
+			// With the connections closed, acknowledgements still being
+			// written fail at once.
+			e.acks.wg.Wait()
 		}()
 		select {
 		case <-done:
@@ -152,7 +159,8 @@ func (in *Ingester) Publish(topicName string, payload []byte, retain bool, qos b
 // ingestHook is the mochi hook that ingests device publishes.
 type ingestHook struct {
 	mochi.HookBase
-	in *Ingester
+	in   *Ingester
+	acks *ackWriter
 }
 
 func (h *ingestHook) ID() string { return "edgeagent-ingest" }
@@ -182,6 +190,17 @@ func (h *ingestHook) OnPublish(cl *mochi.Client, pk packets.Packet) (packets.Pac
 		h.in.handle(rec, nil)
 		return pk, nil
 	}
+	if pk.FixedHeader.Qos == 1 {
+		// Pipelined: the connection reads its next publish while this one
+		// waits for its group commit, and the ackWriter sends the PUBACK
+		// (and delivers the message to local subscribers) once it is
+		// durable. Rejecting the packet keeps mochi from doing either now.
+		cp := committedPublish{id: pk.PacketID, topic: pk.TopicName, payload: payload, retain: pk.FixedHeader.Retain}
+		h.in.handle(rec, ackFunc(func() { h.acks.committed(cl, cp) }))
+		return pk, packets.ErrRejectPacket
+	}
+	// QoS2 keeps mochi's PUBREC/PUBREL exchange: this connection waits for
+	// the commit before mochi sends PUBREC.
 	done := make(chan struct{})
 	if !h.in.handle(rec, ackFunc(func() { close(done) })) {
 		return pk, packets.ErrRejectPacket // shutting down: no PUBACK, the device resends
@@ -216,3 +235,75 @@ func (h *allowHook) Provides(b byte) bool {
 func (h *allowHook) OnConnectAuthenticate(*mochi.Client, packets.Packet) bool { return true }
 
 func (h *allowHook) OnACLCheck(*mochi.Client, string, bool) bool { return true }
+
+// committedPublish is a device's QoS1 publish whose Bronze commit is done.
+type committedPublish struct {
+	id      uint16
+	topic   string
+	payload []byte
+	retain  bool
+}
+
+// ackWriter sends the PUBACKs of committed QoS1 publishes, per connection in
+// commit order (which is arrival order), and then delivers each message to
+// the broker's local subscribers, as mochi would have on receipt. A
+// connection's writer goroutine runs only while it has acknowledgements to
+// send, so the committer never waits on a device's socket and idle devices
+// cost no goroutine.
+type ackWriter struct {
+	srv *mochi.Server
+	log *slog.Logger
+	wg  sync.WaitGroup // the writers, waited for at stop
+	// deliveryFailures counts local deliveries mochi refused; the first
+	// is logged.
+	deliveryFailures atomic.Uint64
+
+	mu sync.Mutex
+	// queues holds, per connection with a running writer, the publishes it
+	// has still to acknowledge; a connection is a key exactly while its
+	// writer runs.
+	queues map[*mochi.Client][]committedPublish
+}
+
+// committed queues cp's acknowledgement (called by the committer).
+func (w *ackWriter) committed(cl *mochi.Client, cp committedPublish) {
+	w.mu.Lock()
+	q, running := w.queues[cl]
+	w.queues[cl] = append(q, cp)
+	if !running {
+		w.wg.Add(1)
+	}
+	w.mu.Unlock()
+	if !running {
+		go w.write(cl)
+	}
+}
+
+func (w *ackWriter) write(cl *mochi.Client) {
+	defer w.wg.Done()
+	for {
+		w.mu.Lock()
+		q := w.queues[cl]
+		if len(q) == 0 {
+			delete(w.queues, cl)
+			w.mu.Unlock()
+			return
+		}
+		w.queues[cl] = nil
+		w.mu.Unlock()
+		for _, cp := range q {
+			// A connection that closed meanwhile gets nothing: the device
+			// resends, Bronze may hold a duplicate, never a loss.
+			ack := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: cp.id}
+			if err := cl.WritePacket(ack); err != nil {
+				continue
+			}
+			// Local subscribers get the message after it is durable and
+			// acknowledged; the inline client's publish is not ingested
+			// again. A failure here loses nothing the agent stored.
+			if err := w.srv.Publish(cp.topic, cp.payload, cp.retain, 1); err != nil && w.deliveryFailures.Add(1) == 1 {
+				w.log.Warn("embedded broker: delivering a device message to local subscribers failed", "topic", cp.topic, "err", err)
+			}
+		}
+	}
+}

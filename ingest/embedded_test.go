@@ -7,14 +7,24 @@ import (
 	"net"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	paho "github.com/eclipse/paho.mqtt.golang"
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/edgeagent/edgeagent/buffer"
 	"github.com/edgeagent/edgeagent/testrig/mqtttest"
 )
+
+// embeddedConfig is testConfig for the embedded broker on a free port.
+func embeddedConfig(t testing.TB, clientID string, logs io.Writer) Config {
+	t.Helper()
+	cfg := testConfig(t, "", clientID, logs)
+	cfg.Embedded = fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+	return cfg
+}
 
 // rawClient connects to addr as an MQTT 3.1.1 client with a bare TCP
 // connection and reads the CONNACK; it reads nothing after what the caller
@@ -56,8 +66,7 @@ func rawRoundTrip(t testing.TB, conn net.Conn, req []byte, n int) {
 func TestEmbeddedStuckSubscriberIsCountedNotBlocking(t *testing.T) {
 	logs := &logBuffer{}
 	b := openBronze(t, buffer.Options{})
-	cfg := testConfig(t, "", "edgeagent-stuck", logs)
-	cfg.Embedded = fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+	cfg := embeddedConfig(t, "edgeagent-stuck", logs)
 	cfg.EmbeddedMaxPendingWrites = 4
 	in := startIngester(t, b, cfg)
 
@@ -101,8 +110,7 @@ func BenchmarkEmbeddedConnectionHeap(b *testing.B) {
 			const conns = 500
 			for range b.N {
 				bz := openBronze(b, buffer.Options{})
-				cfg := testConfig(b, "", "edgeagent-heap", nil)
-				cfg.Embedded = fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(b))
+				cfg := embeddedConfig(b, "edgeagent-heap", nil)
 				cfg.EmbeddedMaxPendingWrites = pending
 				startIngester(b, bz, cfg)
 				g0 := runtime.NumGoroutine()
@@ -125,4 +133,68 @@ func memInUse() (heap, stacks int64) {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return int64(m.HeapInuse), int64(m.StackInuse)
+}
+
+// One connection's QoS1 publishes are pipelined: the broker reads the next
+// while earlier ones wait for their group commit, so a single connection (a
+// bridge, a PLC gateway) fills commits instead of getting one message into
+// each.
+func TestEmbeddedPipelinesOneConnection(t *testing.T) {
+	b := openBronze(t, buffer.Options{})
+	cfg := embeddedConfig(t, "edgeagent-pipeline", nil)
+	cfg.CommitInterval = 20 * time.Millisecond
+	in := startIngester(t, b, cfg)
+	const n = 300
+	commits0 := in.Stats().Commits.Load()
+	mqtttest.NewPublisher(t, "tcp://"+cfg.Embedded, "bridge").PublishAll(t, "sensors/d1/telemetry", 1, payloads("p", n))
+	if got := len(messagesIn(t, b)); got != n {
+		t.Fatalf("bronze holds %d messages, want %d", got, n)
+	}
+	// Acknowledged one commit at a time, the connection would need n commits.
+	if c := in.Stats().Commits.Load() - commits0; c > n/10 {
+		t.Errorf("%d commits for %d messages on one connection: not pipelined", c, n)
+	}
+}
+
+// A local subscriber on the embedded broker gets a device's QoS1 message
+// only once it is durable, as the device gets its PUBACK.
+func TestEmbeddedLocalDeliveryAfterCommit(t *testing.T) {
+	release := make(chan struct{})
+	var held atomic.Bool
+	b := openBronze(t, buffer.Options{BeforeCommit: func() error {
+		if held.CompareAndSwap(false, true) {
+			<-release // hold the first commit open
+		}
+		return nil
+	}})
+	cfg := embeddedConfig(t, "edgeagent-local", nil)
+	startIngester(t, b, cfg)
+
+	got := make(chan string, 1)
+	sub := mqtttest.NewPublisher(t, "tcp://"+cfg.Embedded, "local-dashboard")
+	if tok := sub.Client.Subscribe("sensors/+/telemetry", 1, func(_ paho.Client, m paho.Message) {
+		got <- string(m.Payload())
+	}); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("subscribe: %v", tok.Error())
+	}
+	dev := mqtttest.NewPublisher(t, "tcp://"+cfg.Embedded, "device-local")
+	tok := dev.Client.Publish("sensors/d7/telemetry", 1, false, []byte(`{"id":"l1"}`))
+	mqtttest.WaitFor(t, 10*time.Second, "commit started", held.Load)
+	select {
+	case m := <-got:
+		t.Fatalf("the local subscriber got %s before the commit", m)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	if !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("no PUBACK after the commit: %v", tok.Error())
+	}
+	select {
+	case m := <-got:
+		if m != `{"id":"l1"}` {
+			t.Errorf("the local subscriber got %s", m)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the local subscriber never got the device's message")
+	}
 }

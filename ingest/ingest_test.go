@@ -407,8 +407,7 @@ func TestEmbeddedAckAfterCommit(t *testing.T) {
 
 func TestClockTicksWhenIdle(t *testing.T) {
 	b := openBronze(t, buffer.Options{})
-	cfg := testConfig(t, "", "edgeagent-tick", nil)
-	cfg.Embedded = fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+	cfg := embeddedConfig(t, "edgeagent-tick", nil)
 	cfg.ClockTick = 10 * time.Millisecond
 	var now atomic.Int64
 	now.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
@@ -434,8 +433,7 @@ func TestClockTicksWhenIdle(t *testing.T) {
 // so it cannot hold the broker's shutdown — and the agent's — forever.
 func TestEmbeddedShutdownWithASilentConnection(t *testing.T) {
 	b := openBronze(t, buffer.Options{})
-	cfg := testConfig(t, "", "edgeagent-silent", nil)
-	cfg.Embedded = fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+	cfg := embeddedConfig(t, "edgeagent-silent", nil)
 	cfg.ConnectTimeout = 200 * time.Millisecond
 	in := startIngester(t, b, cfg)
 	conn, err := net.Dial("tcp", cfg.Embedded)
