@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -31,19 +32,61 @@ func embeddedConfig(t testing.TB, clientID string, logs io.Writer) Config {
 // asks for, so its socket fills like a stuck subscriber's would.
 func rawClient(t testing.TB, addr, id string) net.Conn {
 	t.Helper()
+	return rawClientV(t, addr, id, 4)
+}
+
+// rawClientV is rawClient speaking MQTT protocol version v (4: 3.1.1, 5).
+func rawClientV(t testing.TB, addr, id string, v byte) net.Conn {
+	t.Helper()
 	conn, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect}, ProtocolVersion: 4,
+	pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect}, ProtocolVersion: v,
 		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Clean: true, Keepalive: 60, ClientIdentifier: id}}
 	var buf bytes.Buffer
 	if err := pk.ConnectEncode(&buf); err != nil {
 		t.Fatal(err)
 	}
-	rawRoundTrip(t, conn, buf.Bytes(), 4) // CONNACK
+	if _, err := conn.Write(buf.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	if typ, _ := readRawPacket(t, conn); typ != packets.Connack {
+		t.Fatalf("got packet type %d, want CONNACK", typ)
+	}
 	return conn
+}
+
+// readRawPacket reads one packet and returns its type and body.
+func readRawPacket(t testing.TB, conn net.Conn) (byte, []byte) {
+	t.Helper()
+	if err := conn.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	r := byteReader{conn} // reads no further than the packet
+	hb, err := r.ReadByte()
+	if err != nil {
+		t.Fatalf("read packet header: %v", err)
+	}
+	n, _, err := packets.DecodeLength(r)
+	if err != nil {
+		t.Fatalf("read packet length: %v", err)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		t.Fatalf("read packet body: %v", err)
+	}
+	return hb >> 4, body
+}
+
+// byteReader reads a connection a byte at a time, unbuffered.
+type byteReader struct{ io.Reader }
+
+func (r byteReader) ReadByte() (byte, error) {
+	var b [1]byte
+	_, err := io.ReadFull(r.Reader, b[:])
+	return b[0], err
 }
 
 // rawRoundTrip writes req and reads a reply of n bytes.
@@ -196,5 +239,47 @@ func TestEmbeddedLocalDeliveryAfterCommit(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the local subscriber never got the device's message")
+	}
+}
+
+// Pipelined PUBACKs go out in the order the publishes came in, for MQTT
+// 3.1.1 and 5 clients alike (MQTT-4.6.0-2: a server acknowledges QoS1
+// publishes in the order it received them).
+func TestEmbeddedPubacksInOrder(t *testing.T) {
+	for _, v := range []byte{4, 5} {
+		t.Run(fmt.Sprintf("protocol=%d", v), func(t *testing.T) {
+			b := openBronze(t, buffer.Options{})
+			cfg := embeddedConfig(t, "edgeagent-order", nil)
+			cfg.MaxCommitRecords = 7 // the publishes span several commits
+			startIngester(t, b, cfg)
+			conn := rawClientV(t, cfg.Embedded, fmt.Sprintf("raw-v%d", v), v)
+			const n = 40
+			var buf bytes.Buffer
+			for i := 1; i <= n; i++ {
+				pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1}, ProtocolVersion: v,
+					TopicName: "sensors/raw/telemetry", PacketID: uint16(i), Payload: fmt.Appendf(nil, `{"id":"r%d"}`, i)}
+				if err := pk.PublishEncode(&buf); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := conn.Write(buf.Bytes()); err != nil {
+				t.Fatal(err)
+			}
+			for want := 1; want <= n; want++ {
+				typ, body := readRawPacket(t, conn)
+				if typ != packets.Puback || len(body) < 2 {
+					t.Fatalf("packet %d: type %d, %d bytes, want a PUBACK", want, typ, len(body))
+				}
+				if id := binary.BigEndian.Uint16(body); id != uint16(want) {
+					t.Fatalf("PUBACK %d acknowledges packet %d", want, id)
+				}
+				if len(body) > 2 && body[2] != 0 {
+					t.Fatalf("PUBACK %d has reason code %#x, want success", want, body[2])
+				}
+			}
+			if got := len(messagesIn(t, b)); got != n {
+				t.Fatalf("bronze holds %d messages, want %d", got, n)
+			}
+		})
 	}
 }
