@@ -1,9 +1,13 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
+	"encoding/binary"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/edgeagent/edgeagent/buffer"
 	"github.com/edgeagent/edgeagent/testrig/mqtttest"
@@ -331,4 +337,180 @@ func TestConfigVariablesFromEnvironmentFile(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); exitCode(err) != exitConfig || !strings.Contains(string(out), "GATEWAY_ID") {
 		t.Fatalf("an unset variable must be an error naming it: %v\n%s", err, out)
 	}
+}
+
+// The same with the devices on the agent's embedded broker, whose QoS1
+// acknowledgements are pipelined: a device keeps up to 100 publishes in
+// flight on its connection while the agent is killed five times, and every
+// publish whose PUBACK it read is in Bronze afterwards. The device is a raw
+// MQTT connection, because paho reports a publish it re-queues after a
+// reconnect as complete without any PUBACK.
+func TestCrashLosesNoAcknowledgedMessageEmbedded(t *testing.T) {
+	dir := t.TempDir()
+	addr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+	cfgPath := writeConfig(t, dir, fmt.Sprintf(`
+gateway_id: crash-gw
+data_dir: %s/data
+mqtt:
+  broker: embedded
+  embedded: {listen: "%s"}
+  subscriptions:
+    - topic: "sensors/{device}/telemetry"
+status:
+  listen: ""
+`, dir, addr))
+	p := startAgent(t, "run", "-c", cfgPath)
+	p.waitLog(t, "embedded broker listening")
+
+	dev := &rawDevice{addr: addr, stop: make(chan struct{}), done: make(chan struct{})}
+	go dev.run()
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 3))
+	for kill := 0; kill < 5; kill++ {
+		time.Sleep(time.Duration(200+rng.IntN(400)) * time.Millisecond) // a random moment to crash at, not a wait for a condition
+		p.kill()
+		p = startAgent(t, "run", "-c", cfgPath)
+		p.waitLog(t, "embedded broker listening")
+	}
+	close(dev.stop)
+	<-dev.done
+	p.stop(t)
+	acked, sent := dev.result()
+	if len(acked) < 1000 {
+		t.Fatalf("only %d of %d publishes acknowledged; the test proves too little", len(acked), sent)
+	}
+	var lost []string
+	for _, id := range missingIDs(t, filepath.Join(dir, "data", "bronze.db"), sent) {
+		if acked[id] {
+			lost = append(lost, id)
+		}
+	}
+	if len(lost) > 0 {
+		t.Fatalf("%d acknowledged readings missing from bronze, e.g. %v; last agent logs:\n%s", len(lost), lost[:min(5, len(lost))], p.logs)
+	}
+	t.Logf("%d of %d publishes acknowledged across 5 kills; all of them in bronze", len(acked), sent)
+}
+
+// rawDevice publishes readings r-0, r-1, … over a bare MQTT 3.1.1
+// connection with up to 100 in flight, reconnecting whenever the
+// connection breaks, and records which ones the broker acknowledged.
+type rawDevice struct {
+	addr       string
+	stop, done chan struct{}
+
+	mu    sync.Mutex
+	sent  int
+	acked map[string]bool
+}
+
+func (d *rawDevice) result() (map[string]bool, int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.acked, d.sent
+}
+
+func (d *rawDevice) run() {
+	defer close(d.done)
+	d.acked = map[string]bool{}
+	for {
+		select {
+		case <-d.stop:
+			return
+		default:
+		}
+		conn, err := net.DialTimeout("tcp", d.addr, time.Second)
+		if err != nil {
+			time.Sleep(20 * time.Millisecond) // the agent is restarting: retry the dial
+			continue
+		}
+		d.session(conn)
+		conn.Close()
+	}
+}
+
+// session publishes on one connection until it breaks or stop closes.
+func (d *rawDevice) session(conn net.Conn) {
+	var buf bytes.Buffer
+	connect := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect}, ProtocolVersion: 4,
+		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Clean: true, Keepalive: 60, ClientIdentifier: "raw-device"}}
+	if connect.ConnectEncode(&buf) != nil {
+		return
+	}
+	if _, err := conn.Write(buf.Bytes()); err != nil {
+		return
+	}
+	r := bufio.NewReader(conn)
+	if typ, _, err := readPacket(r); err != nil || typ != packets.Connack {
+		return
+	}
+	inflight := map[uint16]string{} // packet id → reading id, on this connection
+	slots := make(chan struct{}, 100)
+	var mu sync.Mutex
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		for {
+			typ, body, err := readPacket(r)
+			if err != nil {
+				return
+			}
+			if typ != packets.Puback || len(body) < 2 {
+				continue
+			}
+			mu.Lock()
+			id, ok := inflight[binary.BigEndian.Uint16(body)]
+			delete(inflight, binary.BigEndian.Uint16(body))
+			mu.Unlock()
+			if ok {
+				d.mu.Lock()
+				d.acked[id] = true
+				d.mu.Unlock()
+				<-slots
+			}
+		}
+	}()
+	defer func() { conn.Close(); <-readerDone }()
+	for pid := uint16(1); ; pid = pid%60000 + 1 {
+		select {
+		case <-d.stop:
+			return
+		case <-readerDone:
+			return
+		case slots <- struct{}{}:
+		}
+		d.mu.Lock()
+		n := d.sent
+		d.sent++
+		d.mu.Unlock()
+		id := fmt.Sprintf("r-%d", n)
+		mu.Lock()
+		inflight[pid] = id
+		mu.Unlock()
+		pub := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1}, ProtocolVersion: 4, PacketID: pid,
+			TopicName: fmt.Sprintf("sensors/dev-%d/telemetry", n%10),
+			Payload:   fmt.Appendf(nil, `{"id":"%s","ts":%d,"temperature":%d}`, id, 1700000000000+int64(n)*100, n%50)}
+		buf.Reset()
+		if pub.PublishEncode(&buf) != nil {
+			return
+		}
+		if _, err := conn.Write(buf.Bytes()); err != nil {
+			return
+		}
+	}
+}
+
+// readPacket reads one MQTT packet: its type and body.
+func readPacket(r *bufio.Reader) (byte, []byte, error) {
+	hb, err := r.ReadByte()
+	if err != nil {
+		return 0, nil, err
+	}
+	n, _, err := packets.DecodeLength(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		return 0, nil, err
+	}
+	return hb >> 4, body, nil
 }
