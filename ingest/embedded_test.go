@@ -283,3 +283,54 @@ func TestEmbeddedPubacksInOrder(t *testing.T) {
 		})
 	}
 }
+
+// A device that publishes faster than its publishes commit has at most the
+// receive maximum (1,024) handed over and unacknowledged; its connection is
+// then not read until acknowledgements catch up, so a client that never
+// waits costs bounded memory. Everything is stored and acknowledged once
+// the commits go through.
+func TestEmbeddedBackpressureAtReceiveMaximum(t *testing.T) {
+	release := make(chan struct{})
+	var held atomic.Bool
+	b := openBronze(t, buffer.Options{BeforeCommit: func() error {
+		if held.CompareAndSwap(false, true) {
+			<-release // hold the first commit open
+		}
+		return nil
+	}})
+	cfg := embeddedConfig(t, "edgeagent-backpressure", nil)
+	cfg.MaxCommitRecords = 5000
+	in := startIngester(t, b, cfg)
+	conn := rawClient(t, cfg.Embedded, "flood")
+	const n = 3000
+	var buf bytes.Buffer
+	for i := 1; i <= n; i++ {
+		pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1}, ProtocolVersion: 4,
+			TopicName: "sensors/flood/telemetry", PacketID: uint16(i), Payload: fmt.Appendf(nil, `{"id":"f%d"}`, i)}
+		if err := pk.PublishEncode(&buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeErr := make(chan error, 1)
+	go func() { _, err := conn.Write(buf.Bytes()); writeErr <- err }()
+	mqtttest.WaitFor(t, 10*time.Second, "the receive maximum handed over", func() bool { return in.Stats().Received.Load() >= 1024 })
+	// A bound is shown by what does not happen: give the broker time to
+	// read past it if it could.
+	time.Sleep(200 * time.Millisecond)
+	if got := in.Stats().Received.Load(); got != 1024 {
+		t.Fatalf("%d publishes handed over with none acknowledged, want the receive maximum 1024", got)
+	}
+	close(release)
+	if err := <-writeErr; err != nil {
+		t.Fatal(err)
+	}
+	for want := 1; want <= n; want++ {
+		typ, body := readRawPacket(t, conn)
+		if typ != packets.Puback || binary.BigEndian.Uint16(body) != uint16(want) {
+			t.Fatalf("packet %d: type %d %x, want the PUBACK of %d", want, typ, body, want)
+		}
+	}
+	if got := len(messagesIn(t, b)); got != n {
+		t.Fatalf("bronze holds %d messages, want %d", got, n)
+	}
+}
