@@ -202,14 +202,7 @@ func TestEmbeddedPipelinesOneConnection(t *testing.T) {
 // A local subscriber on the embedded broker gets a device's QoS1 message
 // only once it is durable, as the device gets its PUBACK.
 func TestEmbeddedLocalDeliveryAfterCommit(t *testing.T) {
-	release := make(chan struct{})
-	var held atomic.Bool
-	b := openBronze(t, buffer.Options{BeforeCommit: func() error {
-		if held.CompareAndSwap(false, true) {
-			<-release // hold the first commit open
-		}
-		return nil
-	}})
+	b, held, release := openBronzeHoldingFirstCommit(t)
 	cfg := embeddedConfig(t, "edgeagent-local", nil)
 	startIngester(t, b, cfg)
 
@@ -254,29 +247,10 @@ func TestEmbeddedPubacksInOrder(t *testing.T) {
 			startIngester(t, b, cfg)
 			conn := rawClientV(t, cfg.Embedded, fmt.Sprintf("raw-v%d", v), v)
 			const n = 40
-			var buf bytes.Buffer
-			for i := 1; i <= n; i++ {
-				pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1}, ProtocolVersion: v,
-					TopicName: "sensors/raw/telemetry", PacketID: uint16(i), Payload: fmt.Appendf(nil, `{"id":"r%d"}`, i)}
-				if err := pk.PublishEncode(&buf); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if _, err := conn.Write(buf.Bytes()); err != nil {
+			if _, err := conn.Write(encodePublishes(t, v, "raw", n)); err != nil {
 				t.Fatal(err)
 			}
-			for want := 1; want <= n; want++ {
-				typ, body := readRawPacket(t, conn)
-				if typ != packets.Puback || len(body) < 2 {
-					t.Fatalf("packet %d: type %d, %d bytes, want a PUBACK", want, typ, len(body))
-				}
-				if id := binary.BigEndian.Uint16(body); id != uint16(want) {
-					t.Fatalf("PUBACK %d acknowledges packet %d", want, id)
-				}
-				if len(body) > 2 && body[2] != 0 {
-					t.Fatalf("PUBACK %d has reason code %#x, want success", want, body[2])
-				}
-			}
+			readPubacksInOrder(t, conn, n)
 			if got := len(messagesIn(t, b)); got != n {
 				t.Fatalf("bronze holds %d messages, want %d", got, n)
 			}
@@ -290,29 +264,15 @@ func TestEmbeddedPubacksInOrder(t *testing.T) {
 // waits costs bounded memory. Everything is stored and acknowledged once
 // the commits go through.
 func TestEmbeddedBackpressureAtReceiveMaximum(t *testing.T) {
-	release := make(chan struct{})
-	var held atomic.Bool
-	b := openBronze(t, buffer.Options{BeforeCommit: func() error {
-		if held.CompareAndSwap(false, true) {
-			<-release // hold the first commit open
-		}
-		return nil
-	}})
+	b, _, release := openBronzeHoldingFirstCommit(t)
 	cfg := embeddedConfig(t, "edgeagent-backpressure", nil)
 	cfg.MaxCommitRecords = 5000
 	in := startIngester(t, b, cfg)
 	conn := rawClient(t, cfg.Embedded, "flood")
 	const n = 3000
-	var buf bytes.Buffer
-	for i := 1; i <= n; i++ {
-		pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1}, ProtocolVersion: 4,
-			TopicName: "sensors/flood/telemetry", PacketID: uint16(i), Payload: fmt.Appendf(nil, `{"id":"f%d"}`, i)}
-		if err := pk.PublishEncode(&buf); err != nil {
-			t.Fatal(err)
-		}
-	}
+	flood := encodePublishes(t, 4, "flood", n)
 	writeErr := make(chan error, 1)
-	go func() { _, err := conn.Write(buf.Bytes()); writeErr <- err }()
+	go func() { _, err := conn.Write(flood); writeErr <- err }()
 	mqtttest.WaitFor(t, 10*time.Second, "the receive maximum handed over", func() bool { return in.Stats().Received.Load() >= 1024 })
 	// A bound is shown by what does not happen: give the broker time to
 	// read past it if it could.
@@ -324,13 +284,54 @@ func TestEmbeddedBackpressureAtReceiveMaximum(t *testing.T) {
 	if err := <-writeErr; err != nil {
 		t.Fatal(err)
 	}
-	for want := 1; want <= n; want++ {
-		typ, body := readRawPacket(t, conn)
-		if typ != packets.Puback || binary.BigEndian.Uint16(body) != uint16(want) {
-			t.Fatalf("packet %d: type %d %x, want the PUBACK of %d", want, typ, body, want)
-		}
-	}
+	readPubacksInOrder(t, conn, n)
 	if got := len(messagesIn(t, b)); got != n {
 		t.Fatalf("bronze holds %d messages, want %d", got, n)
+	}
+}
+
+// openBronzeHoldingFirstCommit opens a Bronze whose first commit waits for
+// release; held reports that it started.
+func openBronzeHoldingFirstCommit(t *testing.T) (b *buffer.Bronze, held *atomic.Bool, release chan struct{}) {
+	t.Helper()
+	held, release = new(atomic.Bool), make(chan struct{})
+	b = openBronze(t, buffer.Options{BeforeCommit: func() error {
+		if held.CompareAndSwap(false, true) {
+			<-release
+		}
+		return nil
+	}})
+	return b, held, release
+}
+
+// encodePublishes encodes QoS1 publishes 1..n of device dev (packet id i,
+// reading id dev-i) in MQTT protocol version v.
+func encodePublishes(t testing.TB, v byte, dev string, n int) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	for i := 1; i <= n; i++ {
+		pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1}, ProtocolVersion: v,
+			TopicName: "sensors/" + dev + "/telemetry", PacketID: uint16(i), Payload: fmt.Appendf(nil, `{"id":"%s-%d"}`, dev, i)}
+		if err := pk.PublishEncode(&buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return buf.Bytes()
+}
+
+// readPubacksInOrder reads n successful PUBACKs for packet ids 1..n, in order.
+func readPubacksInOrder(t testing.TB, conn net.Conn, n int) {
+	t.Helper()
+	for want := 1; want <= n; want++ {
+		typ, body := readRawPacket(t, conn)
+		if typ != packets.Puback || len(body) < 2 {
+			t.Fatalf("packet %d: type %d, %d bytes, want a PUBACK", want, typ, len(body))
+		}
+		if id := binary.BigEndian.Uint16(body); id != uint16(want) {
+			t.Fatalf("PUBACK %d acknowledges packet %d", want, id)
+		}
+		if len(body) > 2 && body[2] != 0 {
+			t.Fatalf("PUBACK %d has reason code %#x, want success", want, body[2])
+		}
 	}
 }
