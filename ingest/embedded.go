@@ -276,9 +276,9 @@ type ackWriter struct {
 	log      *slog.Logger
 	inflight int            // slots per connection: the receive maximum mochi announces
 	wg       sync.WaitGroup // the writers, waited for at stop
-	// deliveryFailures counts local deliveries mochi refused, writeFailures
-	// acknowledgements that could not be written; the first of each is logged.
-	deliveryFailures, writeFailures atomic.Uint64
+	// deliveryFailures counts local deliveries mochi refused; the first is
+	// logged.
+	deliveryFailures atomic.Uint64
 
 	conns sync.Map // *mochi.Client → *connAcks, while connected
 
@@ -379,10 +379,10 @@ func (w *ackWriter) send(cl *mochi.Client, b []byte) error {
 	return err
 }
 
+// failed logs acknowledgements that could not be written: routine when a
+// device drops its connection with publishes in flight.
 func (w *ackWriter) failed(cl *mochi.Client, err error) {
-	if w.writeFailures.Add(1) == 1 {
-		w.log.Warn("embedded broker: acknowledgements to a device could not be written; it will resend", "client", cl.ID, "err", err)
-	}
+	w.log.Debug("embedded broker: acknowledgements to a device could not be written; it will resend", "client", cl.ID, "err", err)
 }
 
 // deliver publishes committed messages to the broker's local subscribers,
