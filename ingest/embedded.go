@@ -167,8 +167,12 @@ type ingestHook struct {
 func (h *ingestHook) ID() string { return "edgeagent-ingest" }
 
 func (h *ingestHook) Provides(b byte) bool {
-	return b == mochi.OnPublish || b == mochi.OnPublishDropped
+	return b == mochi.OnPublish || b == mochi.OnPublishDropped || b == mochi.OnDisconnect
 }
+
+// OnDisconnect forgets the connection's acknowledgement state; what is
+// still queued for it holds its own reference.
+func (h *ingestHook) OnDisconnect(cl *mochi.Client, _ error, _ bool) { h.acks.conns.Delete(cl) }
 
 // OnPublishDropped counts a message mochi dropped because the client's
 // write queue was full: a slow local subscriber, never device data.

@@ -335,3 +335,31 @@ func readPubacksInOrder(t testing.TB, conn net.Conn, n int) {
 		}
 	}
 }
+
+// A connection's acknowledgement state goes with it: devices that
+// reconnect all day leave nothing behind.
+func TestEmbeddedForgetsDisconnectedClients(t *testing.T) {
+	b := openBronze(t, buffer.Options{})
+	cfg := embeddedConfig(t, "edgeagent-forget", nil)
+	in := startIngester(t, b, cfg)
+	acks := in.src.(*embedded).acks
+	count := func() (n int) {
+		acks.conns.Range(func(any, any) bool { n++; return true })
+		return n
+	}
+	for i := range 5 {
+		conn := rawClient(t, cfg.Embedded, fmt.Sprintf("brief-%d", i))
+		if _, err := conn.Write(encodePublishes(t, 4, fmt.Sprintf("brief%d", i), 3)); err != nil {
+			t.Fatal(err)
+		}
+		readPubacksInOrder(t, conn, 3)
+		if count() == 0 {
+			t.Fatal("no acknowledgement state while a device is connected")
+		}
+		conn.Close()
+	}
+	mqtttest.WaitFor(t, 10*time.Second, "every disconnected client forgotten", func() bool { return count() == 0 })
+	if got := len(messagesIn(t, b)); got != 15 {
+		t.Fatalf("bronze holds %d messages, want 15", got)
+	}
+}
