@@ -224,6 +224,9 @@ func Load(ctx context.Context, o LoadOptions) (*LoadReport, error) {
 	if o.CeilingDuration <= 0 {
 		o.CeilingDuration = min(10*time.Second, o.Duration)
 	}
+	if o.Embedded && o.MQTT != "" {
+		return nil, errors.New("rig: load: Embedded and MQTT exclude each other")
+	}
 	sc := loadScenario(o.Devices, o.Duration, o.MaxRate, o.Connections, o.ReadingInterval, "")
 	if err := sc.Validate(); err != nil {
 		return nil, err
@@ -231,9 +234,6 @@ func Load(ctx context.Context, o LoadOptions) (*LoadReport, error) {
 	dir, temp, err := runDir(o.Dir, "edgerig-load-")
 	if err != nil {
 		return nil, err
-	}
-	if o.Embedded && o.MQTT != "" {
-		return nil, errors.New("rig: load: Embedded and MQTT exclude each other")
 	}
 	e, err := newEnv(ctx, envConfig{dir: dir, agentBin: o.Agent, agent: sc.Agent, mqtt: o.MQTT, embedded: o.Embedded, progress: o.Progress})
 	if err != nil {
@@ -251,18 +251,21 @@ func Load(ctx context.Context, o LoadOptions) (*LoadReport, error) {
 		return nil, err
 	}
 	e.logf("ceiling: bare paho subscriber, %s planned messages for %v", num(cplan.Counts().Messages), o.CeilingDuration)
-	ceilURL := e.brokerURL
-	if o.Embedded {
+	ceil, err := func() (Rate, error) {
+		if !o.Embedded {
+			return measureCeiling(ctx, e.brokerURL, cplan, o.CeilingDuration)
+		}
 		// The agent's broker is not up yet (and would count the ceiling's
-		// messages as its own): the ceiling gets a broker of its own.
+		// messages as its own): the ceiling gets a broker of its own, for
+		// that phase only.
 		m, err := servers.StartMochi("")
 		if err != nil {
-			return nil, err
+			return Rate{}, err
 		}
 		defer m.Close()
-		ceilURL, lr.CeilingBroker = m.URL(), "a separate "+m.Name()
-	}
-	ceil, err := measureCeiling(ctx, ceilURL, cplan, o.CeilingDuration)
+		lr.CeilingBroker = "a separate " + m.Name()
+		return measureCeiling(ctx, m.URL(), cplan, o.CeilingDuration)
+	}()
 	if err != nil {
 		return nil, err
 	}
