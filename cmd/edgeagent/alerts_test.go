@@ -19,14 +19,7 @@ func TestLocalAlertWithUplinkDown(t *testing.T) {
 	dir := t.TempDir()
 	mqttAddr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
 	deadNATS := fmt.Sprintf("nats://127.0.0.1:%d", mqtttest.FreePort(t)) // nothing listens: the link is down
-	cfgPath := writeConfig(t, dir, fmt.Sprintf(`
-gateway_id: alert-gw
-data_dir: %s/data
-mqtt:
-  broker: embedded
-  embedded: {listen: "%s"}
-  subscriptions:
-    - topic: "sensors/{device}/telemetry"
+	cfgPath := writeConfig(t, dir, embeddedAgentConfig("alert-gw", dir, mqttAddr)+fmt.Sprintf(`
 status: {listen: ""}
 window: {size: 1m, watermark_delay: 0s, allowed_lateness: 0s, idle_timeout: 1h}
 processing: {trigger_interval: 100ms}
@@ -44,7 +37,7 @@ alerts:
     min_interval: 0s
 local_publish:
   alerts_topic: edgeagent/{gateway_id}/alerts/{device}
-`, dir, mqttAddr, deadNATS))
+`, deadNATS))
 	p := startAgent(t, "run", "-c", cfgPath)
 	p.waitLog(t, "embedded broker listening")
 

@@ -120,6 +120,20 @@ func (p *agentProc) stop(t *testing.T) {
 	}
 }
 
+// embeddedAgentConfig is the head of a test config: the agent runs its
+// embedded broker on addr and ingests sensors/{device}/telemetry, with its
+// data under dir.
+func embeddedAgentConfig(gateway, dir, addr string) string {
+	return fmt.Sprintf(`
+gateway_id: %s
+data_dir: %s/data
+mqtt:
+  broker: embedded
+  embedded: {listen: "%s"}
+  subscriptions:
+    - topic: "sensors/{device}/telemetry"`, gateway, dir, addr)
+}
+
 func writeConfig(t *testing.T, dir, body string) string {
 	t.Helper()
 	path := filepath.Join(dir, "config.yaml")
@@ -348,17 +362,10 @@ func TestConfigVariablesFromEnvironmentFile(t *testing.T) {
 func TestCrashLosesNoAcknowledgedMessageEmbedded(t *testing.T) {
 	dir := t.TempDir()
 	addr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
-	cfgPath := writeConfig(t, dir, fmt.Sprintf(`
-gateway_id: crash-gw
-data_dir: %s/data
-mqtt:
-  broker: embedded
-  embedded: {listen: "%s"}
-  subscriptions:
-    - topic: "sensors/{device}/telemetry"
+	cfgPath := writeConfig(t, dir, embeddedAgentConfig("crash-gw", dir, addr)+`
 status:
   listen: ""
-`, dir, addr))
+`)
 	p := startAgent(t, "run", "-c", cfgPath)
 	p.waitLog(t, "embedded broker listening")
 

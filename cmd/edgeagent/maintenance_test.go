@@ -20,21 +20,14 @@ func TestReplayAndResetState(t *testing.T) {
 	dir := t.TempDir()
 	mqttAddr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
 	config := func(metrics, size string) string {
-		return writeConfig(t, dir, fmt.Sprintf(`
-gateway_id: maint-gw
-data_dir: %s/data
-mqtt:
-  broker: embedded
-  embedded: {listen: "%s"}
-  subscriptions:
-    - topic: "sensors/{device}/telemetry"
+		return writeConfig(t, dir, embeddedAgentConfig("maint-gw", dir, mqttAddr)+fmt.Sprintf(`
 status: {listen: ""}
 readings: {metrics: [%s]}
 window: {size: %s, watermark_delay: 0s, allowed_lateness: 0s, idle_timeout: 1h}
 processing: {trigger_interval: 100ms}
 uplink:
   nats: {url: "%s", subject: "edge.{gateway_id}.aggregates", stream: EDGE, create_stream: true}
-`, dir, mqttAddr, metrics, size, nats.URL()))
+`, metrics, size, nats.URL()))
 	}
 	type key struct {
 		metric     string

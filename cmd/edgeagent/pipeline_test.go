@@ -26,14 +26,7 @@ func TestPipelineEndToEnd(t *testing.T) {
 	dir := t.TempDir()
 	mqttAddr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
 	statusAddr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
-	cfgPath := writeConfig(t, dir, fmt.Sprintf(`
-gateway_id: e2e-gw
-data_dir: %s/data
-mqtt:
-  broker: embedded
-  embedded: {listen: "%s"}
-  subscriptions:
-    - topic: "sensors/{device}/telemetry"
+	cfgPath := writeConfig(t, dir, embeddedAgentConfig("e2e-gw", dir, mqttAddr)+fmt.Sprintf(`
 status:
   listen: "%s"
 window:
@@ -46,7 +39,7 @@ processing:
 uplink:
   nats: {url: "%s", subject: "edge.{gateway_id}.aggregates", stream: EDGE, create_stream: true}
   max_batch_records: 7
-`, dir, mqttAddr, statusAddr, nats.URL()))
+`, statusAddr, nats.URL()))
 	p := startAgent(t, "run", "-c", cfgPath)
 	p.waitLog(t, "status endpoint listening")
 
