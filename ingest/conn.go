@@ -24,10 +24,11 @@ type bufferedConn struct {
 	net.Conn
 	r *bufio.Reader
 
-	mu    sync.Mutex
-	w     []byte
-	timer *time.Timer
-	err   error // the first write error, returned by every later Write
+	mu     sync.Mutex
+	w      []byte
+	timer  *time.Timer
+	err    error // the first write error, returned by every later Write
+	closed bool  // Close ran: late PUBACKs are dropped, not buffered
 }
 
 func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
@@ -38,20 +39,45 @@ func (c *bufferedConn) Write(p []byte) (int, error) {
 	if c.err != nil {
 		return 0, c.err
 	}
+	if c.closed {
+		return 0, net.ErrClosed
+	}
 	c.w = append(c.w, p...)
+	c.scheduleLocked(len(p))
+	if c.err != nil {
+		return 0, c.err
+	}
+	return len(p), nil
+}
+
+// puback queues the PUBACK for packet id, as paho's Ack would, without
+// paho's three goroutine hand-offs per acknowledgement (a third of ingest's
+// scheduling under load). Every packet paho writes is one Write call, so
+// the PUBACK never lands inside one of paho's packets. On a connection that
+// is closed or failed it is dropped: the broker redelivers the message on
+// the next connection, where it is stored again and acknowledged there.
+func (c *bufferedConn) puback(id uint16) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil || c.closed {
+		return
+	}
+	c.w = append(c.w, 0x40, 0x02, byte(id>>8), byte(id))
+	c.scheduleLocked(4)
+}
+
+// scheduleLocked sends the buffer now when it is large, else makes sure a
+// flush is due within flushDelay; n bytes were just appended.
+func (c *bufferedConn) scheduleLocked(n int) {
 	if len(c.w) >= 32<<10 {
 		c.flushLocked()
-		if c.err != nil {
-			return 0, c.err
-		}
-		return len(p), nil
+		return
 	}
 	if c.timer == nil {
 		c.timer = time.AfterFunc(flushDelay, c.flush)
-	} else if len(c.w) == len(p) {
+	} else if len(c.w) == n {
 		c.timer.Reset(flushDelay)
 	}
-	return len(p), nil
 }
 
 func (c *bufferedConn) flush() {
@@ -78,13 +104,15 @@ func (c *bufferedConn) Close() error {
 		c.timer.Stop()
 	}
 	c.flushLocked()
+	c.closed = true
 	c.mu.Unlock()
 	return c.Conn.Close()
 }
 
 // bufferedDial opens plain TCP and TLS broker connections for paho through
-// a bufferedConn. WebSocket URLs are left to paho (ok is false).
-func bufferedDial(scheme string) (paho.OpenConnectionFunc, bool) {
+// a bufferedConn, and tells dialed about each one. WebSocket URLs are left
+// to paho (ok is false).
+func bufferedDial(scheme string, dialed func(*bufferedConn)) (paho.OpenConnectionFunc, bool) {
 	switch scheme {
 	case "tcp", "mqtt", "ssl", "tls", "mqtts", "tcps":
 	default:
@@ -103,6 +131,8 @@ func bufferedDial(scheme string) (paho.OpenConnectionFunc, bool) {
 		if err != nil {
 			return nil, err
 		}
-		return &bufferedConn{Conn: c, r: bufio.NewReaderSize(c, 32<<10)}, nil
+		bc := &bufferedConn{Conn: c, r: bufio.NewReaderSize(c, 32<<10)}
+		dialed(bc)
+		return bc, nil
 	}, true
 }

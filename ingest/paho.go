@@ -27,6 +27,10 @@ type pahoSource struct {
 	in     *Ingester
 	client mqttClient
 	up     atomic.Bool
+	// conn is the connection paho dialed last (nil for WebSocket brokers).
+	// paho stops a connection's handlers before it dials the next, so
+	// during onMessage it is the connection the message arrived on.
+	conn atomic.Pointer[bufferedConn]
 }
 
 func (p *pahoSource) start(ctx context.Context) error {
@@ -53,7 +57,7 @@ func (p *pahoSource) start(ctx context.Context) error {
 		opts.SetTLSConfig(cfg.TLS)
 	}
 	if u, err := url.Parse(cfg.Broker); err == nil {
-		if dial, ok := bufferedDial(u.Scheme); ok {
+		if dial, ok := bufferedDial(u.Scheme, p.conn.Store); ok {
 			opts.SetCustomOpenConnectionFn(dial)
 		}
 	}
@@ -115,11 +119,22 @@ func (p *pahoSource) start(ctx context.Context) error {
 func (p *pahoSource) onMessage(_ paho.Client, m paho.Message) {
 	rec := p.in.classify(m.Topic(), m.Qos(), m.Retained(), m.Duplicate(), m.Payload())
 	var ack acker // a nil interface for QoS0, not a nil paho.Message
-	if m.Qos() > 0 {
-		ack = m
+	switch c := p.conn.Load(); {
+	case m.Qos() == 1 && c != nil:
+		ack = &pubackTo{conn: c, id: m.MessageID()}
+	case m.Qos() > 0:
+		ack = m // QoS2's exchange, and WebSocket brokers: paho's own path
 	}
 	p.in.handle(rec, ack) // not taken at shutdown: unacknowledged, redelivered
 }
+
+// pubackTo acknowledges a QoS1 message on the connection it arrived on.
+type pubackTo struct {
+	conn *bufferedConn
+	id   uint16
+}
+
+func (a *pubackTo) Ack() { a.conn.puback(a.id) }
 
 func (p *pahoSource) stop() {
 	if p.client != nil {
