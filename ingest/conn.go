@@ -3,8 +3,12 @@ package ingest
 import (
 	"bufio"
 	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
 	"net"
 	"net/url"
+	"slices"
 	"sync"
 	"time"
 
@@ -20,9 +24,20 @@ const flushDelay = time.Millisecond
 // every PUBACK with its own syscall: together about half the agent's CPU
 // under load. Reads go through a buffer; writes are coalesced for at most
 // flushDelay, so a group commit's acks leave in a few segments.
+//
+// With publish set, the connection also takes QoS0 and QoS1 PUBLISH packets
+// out of the stream paho reads and hands them to publish directly, from
+// paho's reading goroutine: paho passes each message through three more
+// goroutines before its handler, and allocates five objects for it. paho
+// still sees every other packet (CONNACK, SUBACK, PINGRESP, and QoS2's
+// exchange), so it keeps the session, keepalive and reconnects.
 type bufferedConn struct {
 	net.Conn
 	r *bufio.Reader
+
+	publish publishFunc
+	pass    []byte // what is left of a packet paho is reading
+	passBuf []byte
 
 	mu     sync.Mutex
 	w      []byte
@@ -31,7 +46,124 @@ type bufferedConn struct {
 	closed bool  // Close ran: late PUBACKs are dropped, not buffered
 }
 
-func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+// publishFunc receives a PUBLISH taken out of the stream: id is its packet
+// id (0 for QoS0), to acknowledge with c.puback once it is durable. topic
+// and payload are only valid during the call.
+type publishFunc func(c *bufferedConn, topic []byte, qos byte, retained, dup bool, id uint16, payload []byte)
+
+func (c *bufferedConn) Read(p []byte) (int, error) {
+	if c.publish == nil {
+		return c.r.Read(p)
+	}
+	for len(c.pass) == 0 {
+		if err := c.nextPacket(); err != nil {
+			return 0, err
+		}
+	}
+	n := copy(p, c.pass)
+	c.pass = c.pass[n:]
+	return n, nil
+}
+
+// errMalformed is a packet from the broker that breaks MQTT's framing; paho
+// treats the read error as a lost connection and reconnects.
+var errMalformed = errors.New("malformed packet from broker")
+
+// nextPacket reads one packet: a QoS0/1 PUBLISH goes to publish, anything
+// else becomes pass for paho to read.
+func (c *bufferedConn) nextPacket() error {
+	h, err := c.r.ReadByte()
+	if err != nil {
+		return err
+	}
+	var n, lenBytes int
+	for shift := 0; ; shift += 7 {
+		if lenBytes == 4 {
+			return fmt.Errorf("%w: remaining length over 4 bytes", errMalformed)
+		}
+		b, err := c.r.ReadByte()
+		if err != nil {
+			return err
+		}
+		lenBytes++
+		n |= int(b&0x7f) << shift
+		if b&0x80 == 0 {
+			break
+		}
+	}
+	qos := h >> 1 & 3
+	if h>>4 != 3 || qos == 2 {
+		c.passBuf = append(c.passBuf[:0], h)
+		for v := n; ; {
+			b := byte(v & 0x7f)
+			if v >>= 7; v > 0 {
+				c.passBuf = append(c.passBuf, b|0x80)
+				continue
+			}
+			c.passBuf = append(c.passBuf, b)
+			break
+		}
+		if c.passBuf, err = appendN(c.passBuf, c.r, n); err != nil {
+			return err
+		}
+		c.pass = c.passBuf
+		return nil
+	}
+	if n > c.r.Size() {
+		body, err := appendN(nil, c.r, n)
+		if err != nil {
+			return err
+		}
+		return c.dispatch(h, body)
+	}
+	body, err := c.r.Peek(n) // no copy: publish copies what it keeps
+	if err != nil {
+		return err
+	}
+	if err := c.dispatch(h, body); err != nil {
+		return err
+	}
+	_, err = c.r.Discard(n)
+	return err
+}
+
+// appendN appends the next n bytes of r to b. It grows b as the bytes
+// arrive rather than by n at once, so a corrupt length (up to 256 MiB) on a
+// stream that then ends costs no more than the bytes that came.
+func appendN(b []byte, r io.Reader, n int) ([]byte, error) {
+	for n > 0 {
+		b = slices.Grow(b, min(n, 64<<10))
+		m, err := io.ReadFull(r, b[len(b):len(b)+min(n, cap(b)-len(b))])
+		b, n = b[:len(b)+m], n-m
+		if err != nil {
+			return b, err
+		}
+	}
+	return b, nil
+}
+
+// dispatch parses a QoS0/1 PUBLISH's body and hands it to publish.
+func (c *bufferedConn) dispatch(h byte, body []byte) error {
+	n, qos := len(body), h>>1&3
+	if len(body) < 2 {
+		return fmt.Errorf("%w: PUBLISH of %d bytes", errMalformed, n)
+	}
+	tl := int(body[0])<<8 | int(body[1])
+	rest := body[2:]
+	if tl > len(rest) {
+		return fmt.Errorf("%w: PUBLISH topic of %d bytes in %d", errMalformed, tl, n)
+	}
+	topic, rest := rest[:tl], rest[tl:]
+	var id uint16
+	if qos == 1 {
+		if len(rest) < 2 {
+			return fmt.Errorf("%w: QoS1 PUBLISH without a packet id", errMalformed)
+		}
+		id, rest = uint16(rest[0])<<8|uint16(rest[1]), rest[2:]
+	}
+	c.publish(c, topic, qos, h&1 == 1, h&8 != 0, id, rest)
+	return nil
+}
 
 func (c *bufferedConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
@@ -50,12 +182,11 @@ func (c *bufferedConn) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// puback queues the PUBACK for packet id, as paho's Ack would, without
-// paho's three goroutine hand-offs per acknowledgement (a third of ingest's
-// scheduling under load). Every packet paho writes is one Write call, so
-// the PUBACK never lands inside one of paho's packets. On a connection that
-// is closed or failed it is dropped: the broker redelivers the message on
-// the next connection, where it is stored again and acknowledged there.
+// puback queues the PUBACK for packet id, for a PUBLISH paho never saw.
+// Every packet paho writes is one Write call, so the PUBACK never lands
+// inside one of paho's packets. On a connection that is closed or failed it
+// is dropped: the broker redelivers the message on the next connection,
+// where it is stored again and acknowledged there.
 func (c *bufferedConn) puback(id uint16) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -110,9 +241,9 @@ func (c *bufferedConn) Close() error {
 }
 
 // bufferedDial opens plain TCP and TLS broker connections for paho through
-// a bufferedConn, and tells dialed about each one. WebSocket URLs are left
-// to paho (ok is false).
-func bufferedDial(scheme string, dialed func(*bufferedConn)) (paho.OpenConnectionFunc, bool) {
+// a bufferedConn that hands PUBLISH packets to publish. WebSocket URLs are
+// left to paho (ok is false).
+func bufferedDial(scheme string, publish publishFunc) (paho.OpenConnectionFunc, bool) {
 	switch scheme {
 	case "tcp", "mqtt", "ssl", "tls", "mqtts", "tcps":
 	default:
@@ -131,8 +262,6 @@ func bufferedDial(scheme string, dialed func(*bufferedConn)) (paho.OpenConnectio
 		if err != nil {
 			return nil, err
 		}
-		bc := &bufferedConn{Conn: c, r: bufio.NewReaderSize(c, 32<<10)}
-		dialed(bc)
-		return bc, nil
+		return &bufferedConn{Conn: c, r: bufio.NewReaderSize(c, 32<<10), publish: publish}, nil
 	}, true
 }

@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/url"
@@ -27,10 +28,6 @@ type pahoSource struct {
 	in     *Ingester
 	client mqttClient
 	up     atomic.Bool
-	// conn is the connection paho dialed last (nil for WebSocket brokers).
-	// paho stops a connection's handlers before it dials the next, so
-	// during onMessage it is the connection the message arrived on.
-	conn atomic.Pointer[bufferedConn]
 }
 
 func (p *pahoSource) start(ctx context.Context) error {
@@ -57,7 +54,7 @@ func (p *pahoSource) start(ctx context.Context) error {
 		opts.SetTLSConfig(cfg.TLS)
 	}
 	if u, err := url.Parse(cfg.Broker); err == nil {
-		if dial, ok := bufferedDial(u.Scheme, p.conn.Store); ok {
+		if dial, ok := bufferedDial(u.Scheme, p.onPublish); ok {
 			opts.SetCustomOpenConnectionFn(dial)
 		}
 	}
@@ -114,16 +111,24 @@ func (p *pahoSource) start(ctx context.Context) error {
 	return nil
 }
 
-// onMessage hands a received message to the committer; paho calls it for
-// every message, one at a time.
+// onPublish hands a QoS0 or QoS1 message the connection took out of
+// paho's stream to the committer, which acknowledges it on that connection.
+func (p *pahoSource) onPublish(c *bufferedConn, topic []byte, qos byte, retained, dup bool, id uint16, payload []byte) {
+	rec := p.in.classify(string(topic), qos, retained, dup, bytes.Clone(payload))
+	var ack acker
+	if qos == 1 {
+		ack = &pubackTo{conn: c, id: id}
+	}
+	p.in.handle(rec, ack) // not taken at shutdown: unacknowledged, redelivered
+}
+
+// onMessage hands a message paho received to the committer: QoS2 messages,
+// and everything from a WebSocket broker.
 func (p *pahoSource) onMessage(_ paho.Client, m paho.Message) {
 	rec := p.in.classify(m.Topic(), m.Qos(), m.Retained(), m.Duplicate(), m.Payload())
 	var ack acker // a nil interface for QoS0, not a nil paho.Message
-	switch c := p.conn.Load(); {
-	case m.Qos() == 1 && c != nil:
-		ack = &pubackTo{conn: c, id: m.MessageID()}
-	case m.Qos() > 0:
-		ack = m // QoS2's exchange, and WebSocket brokers: paho's own path
+	if m.Qos() > 0 {
+		ack = m
 	}
 	p.in.handle(rec, ack) // not taken at shutdown: unacknowledged, redelivered
 }

@@ -1,0 +1,138 @@
+package ingest
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"testing"
+
+	"github.com/eclipse/paho.mqtt.golang/packets"
+)
+
+type published struct {
+	topic         string
+	qos           byte
+	retained, dup bool
+	id            uint16
+	payload       string
+}
+
+// filteredStream wraps stream in a bufferedConn whose reader buffer is
+// bufSize bytes, collecting what it takes out of paho's stream.
+func filteredStream(stream []byte, bufSize int, got *[]published) *bufferedConn {
+	return &bufferedConn{
+		r: bufio.NewReaderSize(bytes.NewReader(stream), bufSize),
+		publish: func(_ *bufferedConn, topic []byte, qos byte, retained, dup bool, id uint16, payload []byte) {
+			*got = append(*got, published{string(topic), qos, retained, dup, id, string(payload)})
+		},
+	}
+}
+
+func encodePacket(t *testing.T, w io.Writer, p packets.ControlPacket) {
+	t.Helper()
+	if err := p.Write(w); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func publishPacket(topic string, qos byte, retained, dup bool, id uint16, payload []byte) *packets.PublishPacket {
+	p := packets.NewControlPacket(packets.Publish).(*packets.PublishPacket)
+	p.TopicName, p.Qos, p.Retain, p.Dup, p.MessageID, p.Payload = topic, qos, retained, dup, id, payload
+	return p
+}
+
+// The connection takes QoS0 and QoS1 PUBLISH packets, encoded by paho's
+// own packet code, out of the stream and passes every other packet to paho
+// unchanged and in order, whatever the packet's size against the buffer.
+func TestConnTakesPublishesOutOfPahosStream(t *testing.T) {
+	big := bytes.Repeat([]byte("x"), 300) // two-byte remaining length, over the small buffer
+	want := []published{
+		{"sensors/a/telemetry", 0, false, false, 0, `{"v":1}`},
+		{"sensors/b/telemetry", 1, true, true, 7, string(big)},
+		{"sensors/c/telemetry", 1, false, false, 65535, ""},
+	}
+	var stream, passed bytes.Buffer
+	connack := packets.NewControlPacket(packets.Connack).(*packets.ConnackPacket)
+	connack.SessionPresent = true
+	suback := packets.NewControlPacket(packets.Suback).(*packets.SubackPacket)
+	suback.MessageID, suback.ReturnCodes = 1, []byte{1}
+	qos2 := publishPacket("sensors/q2/telemetry", 2, false, false, 9, []byte("two"))
+	pingresp := packets.NewControlPacket(packets.Pingresp)
+	for _, p := range []packets.ControlPacket{connack, suback, qos2, pingresp} {
+		encodePacket(t, &passed, p)
+	}
+	encodePacket(t, &stream, connack)
+	encodePacket(t, &stream, publishPacket(want[0].topic, 0, false, false, 0, []byte(want[0].payload)))
+	encodePacket(t, &stream, suback)
+	encodePacket(t, &stream, publishPacket(want[1].topic, 1, true, true, 7, big))
+	encodePacket(t, &stream, qos2)
+	encodePacket(t, &stream, publishPacket(want[2].topic, 1, false, false, 65535, nil))
+	encodePacket(t, &stream, pingresp)
+
+	for _, size := range []int{16, 32 << 10} {
+		t.Run(fmt.Sprintf("buffer %d", size), func(t *testing.T) {
+			var got []published
+			c := filteredStream(stream.Bytes(), size, &got)
+			var toPaho bytes.Buffer
+			for {
+				p, err := packets.ReadPacket(c)
+				if errors.Is(err, io.EOF) {
+					break
+				}
+				if err != nil {
+					t.Fatalf("paho reading through the connection: %v", err)
+				}
+				encodePacket(t, &toPaho, p)
+			}
+			if !bytes.Equal(toPaho.Bytes(), passed.Bytes()) {
+				t.Errorf("paho read %x\nwant      %x", toPaho.Bytes(), passed.Bytes())
+			}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("taken out:\n%v\nwant\n%v", got, want)
+			}
+		})
+	}
+}
+
+// A PUBLISH that breaks MQTT's framing is a read error (paho reconnects),
+// not a panic or a message with bytes from the next packet; one cut short
+// by the connection's end is no message.
+func TestConnRejectsMalformedPublish(t *testing.T) {
+	for name, stream := range map[string][]byte{
+		"topic longer than packet": {0x30, 0x03, 0x00, 0x09, 'a'},
+		"qos1 without packet id":   {0x32, 0x03, 0x00, 0x01, 'a'},
+		"five-byte length":         {0x30, 0xff, 0xff, 0xff, 0xff, 0x01},
+		"cut short":                {0x30, 0x05, 0x00, 0x01, 'a'},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var got []published
+			_, err := io.ReadAll(filteredStream(stream, 64, &got))
+			if len(got) != 0 {
+				t.Fatalf("%d messages from a malformed stream: %+v", len(got), got)
+			}
+			if name != "cut short" && !errors.Is(err, errMalformed) {
+				t.Fatalf("err %v, want errMalformed", err)
+			}
+		})
+	}
+}
+
+// Any byte stream: no panic, and what is taken out lies within the packet.
+func FuzzConnStream(f *testing.F) {
+	var seed bytes.Buffer
+	_ = publishPacket("a/b", 1, false, false, 3, []byte("hi")).Write(&seed)
+	_ = packets.NewControlPacket(packets.Pingresp).Write(&seed)
+	f.Add(seed.Bytes())
+	f.Add([]byte{0x30, 0x80, 0x01})
+	f.Fuzz(func(t *testing.T, stream []byte) {
+		var got []published
+		_, _ = io.ReadAll(filteredStream(stream, 16, &got))
+		for _, m := range got {
+			if len(m.topic)+len(m.payload) > len(stream) || m.qos > 1 {
+				t.Fatalf("message %+v from %d bytes", m, len(stream))
+			}
+		}
+	})
+}
