@@ -152,6 +152,10 @@ type Processing struct {
 	TriggerInterval    Duration `yaml:"trigger_interval"`
 	MaxRecordsPerBatch int      `yaml:"max_records_per_batch"`
 	CheckpointInterval Duration `yaml:"checkpoint_interval"`
+	// MaxProcs is how many threads run the agent's Go code at once
+	// (GOMAXPROCS); 0 means one per CPU. GOMAXPROCS in the environment
+	// takes precedence.
+	MaxProcs int `yaml:"max_procs"`
 }
 
 // Uplink configures delivery of the outbox to the cloud. At most one of
@@ -306,6 +310,7 @@ func Default() *Config {
 			TriggerInterval:    Duration(time.Second),
 			MaxRecordsPerBatch: 10000,
 			CheckpointInterval: Duration(10 * time.Second),
+			MaxProcs:           1,
 		},
 		Uplink: Uplink{
 			NATS: NATS{Subject: "edge.{gateway_id}.aggregates", Stream: "EDGE"},

@@ -78,6 +78,7 @@ func TestDefaults(t *testing.T) {
 		"processing.trigger_interval":          "1s",
 		"processing.max_records_per_batch":     "10000",
 		"processing.checkpoint_interval":       "10s",
+		"processing.max_procs":                 "1",
 		"uplink.nats.url":                      "",
 		"uplink.nats.subject":                  "edge.{gateway_id}.aggregates",
 		"uplink.nats.stream":                   "EDGE",

@@ -425,6 +425,7 @@ func (v *validator) processing() {
 	v.positive("processing.trigger_interval", p.TriggerInterval)
 	v.positive("processing.checkpoint_interval", p.CheckpointInterval)
 	v.atLeast("processing.max_records_per_batch", p.MaxRecordsPerBatch, 1)
+	v.atLeast("processing.max_procs", p.MaxProcs, 0)
 }
 
 func (v *validator) uplink() {

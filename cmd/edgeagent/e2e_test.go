@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -72,7 +73,14 @@ func (s *syncBuffer) String() string {
 
 func startAgent(t *testing.T, args ...string) *agentProc {
 	t.Helper()
+	return startAgentEnv(t, nil, args...)
+}
+
+// startAgentEnv is startAgent with extra environment variables.
+func startAgentEnv(t *testing.T, env []string, args ...string) *agentProc {
+	t.Helper()
 	p := &agentProc{cmd: exec.Command(agentBin, args...), logs: &syncBuffer{}, done: make(chan struct{})}
+	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start agent: %v", err)
@@ -520,4 +528,35 @@ func readPacket(r *bufio.Reader) (byte, []byte, error) {
 		return 0, nil, err
 	}
 	return hb >> 4, body, nil
+}
+
+// processing.max_procs sets the agent's scheduler threads (default 1, 0 for
+// one per CPU); GOMAXPROCS in the environment takes precedence.
+func TestMaxProcs(t *testing.T) {
+	t.Setenv("GOMAXPROCS", "") // empty is unset, for the runtime and the agent
+	cases := []struct {
+		name, conf, env, want string
+	}{
+		{"default", "", "", "max_procs=1 from=processing.max_procs"},
+		{"config", "processing: {max_procs: 3}", "", "max_procs=3 from=processing.max_procs"},
+		{"one per cpu", "processing: {max_procs: 0}", "", fmt.Sprintf("max_procs=%d from=processing.max_procs", runtime.NumCPU())},
+		{"environment", "processing: {max_procs: 3}", "GOMAXPROCS=2", "max_procs=2 from=GOMAXPROCS"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			addr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+			cfgPath := writeConfig(t, dir, embeddedAgentConfig("gw-procs", dir, addr)+"\n"+c.conf+"\n")
+			var env []string
+			if c.env != "" {
+				env = []string{c.env}
+			}
+			p := startAgentEnv(t, env, "run", "-c", cfgPath)
+			p.waitLog(t, "scheduler threads")
+			p.stop(t)
+			if !strings.Contains(p.logs.String(), c.want) {
+				t.Fatalf("want %q in the log:\n%s", c.want, p.logs)
+			}
+		})
+	}
 }
