@@ -1,0 +1,105 @@
+package ingest
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"testing"
+	"time"
+
+	mochi "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/hooks/auth"
+	"github.com/mochi-mqtt/server/v2/listeners"
+
+	"github.com/edgeagent/edgeagent/buffer"
+	"github.com/edgeagent/edgeagent/testrig/mqtttest"
+)
+
+// loopbackTLS returns a server config with a fresh self-signed certificate
+// for 127.0.0.1 and a client config that trusts it.
+func loopbackTLS(t *testing.T) (server, client *tls.Config) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "edgeagent test broker"},
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}},
+		&tls.Config{RootCAs: pool}
+}
+
+// Over TLS the agent's connection takes the PUBLISH packets out of paho's
+// stream, over WebSocket paho delivers them; either way every QoS1
+// message is stored and acknowledged, so the broker holds nothing for the
+// agent afterwards.
+func TestIngestOverTLSAndWebSocket(t *testing.T) {
+	serverTLS, clientTLS := loopbackTLS(t)
+	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
+		t.Fatal(err)
+	}
+	addr := func() string { return fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t)) }
+	plain, secure, ws := addr(), addr(), addr()
+	for _, l := range []listeners.Listener{
+		listeners.NewTCP(listeners.Config{ID: "tcp", Address: plain}),
+		listeners.NewTCP(listeners.Config{ID: "tls", Address: secure, TLSConfig: serverTLS}),
+		listeners.NewWebsocket(listeners.Config{ID: "ws", Address: ws}),
+	} {
+		if err := srv.AddListener(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := srv.Serve(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	pub := mqtttest.NewPublisher(t, "tcp://"+plain, "device-pub")
+
+	for _, c := range []struct{ name, url string }{
+		{"tls", "ssl://" + secure},
+		{"websocket", "ws://" + ws},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b := openBronze(t, buffer.Options{})
+			cfg := testConfig(t, c.url, "edgeagent-"+c.name, nil)
+			if c.name == "tls" {
+				cfg.TLS = clientTLS
+			}
+			in := startIngester(t, b, cfg)
+			mqtttest.WaitFor(t, 10*time.Second, "connected", in.Connected)
+			want := payloads(c.name, 300)
+			pub.PublishAll(t, "sensors/"+c.name+"/telemetry", 1, want)
+			waitForMessages(t, b, want)
+			mqtttest.WaitFor(t, 10*time.Second, "every message acknowledged at the broker", func() bool {
+				cl, ok := srv.Clients.Get(cfg.ClientID)
+				return ok && cl.State.Inflight.Len() == 0 && in.Stats().Acked.Load() >= uint64(len(want))
+			})
+		})
+	}
+}
