@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -163,4 +164,55 @@ func testConfigForBench(b *testing.B, url string) func(id string) Config {
 		c.ClockTick = time.Second
 		return c
 	}
+}
+
+// BenchmarkIngestPaths drains the same backlog from mosquitto through each
+// of the agent's two receive paths, side by side: the connection taking
+// QoS1 PUBLISH packets out of paho's stream and writing their PUBACKs
+// itself (TCP and TLS brokers), and paho's own (WebSocket brokers; every
+// broker before session 7). It reports each path's rate, the process's CPU
+// per message while draining (the publisher has finished by then, and
+// mosquitto is another process), and paho's CPU over the connection's.
+func BenchmarkIngestPaths(b *testing.B) {
+	mosq := mqtttest.StartMosquitto(b, "")
+	n := 200_000
+	if testing.Short() {
+		n = 10_000
+	}
+	tmpl := testConfigForBench(b, mosq.URL())
+	for i := 0; i < b.N; i++ {
+		cpu := map[string]float64{}
+		for _, path := range []string{"connection", "paho"} {
+			cfg := tmpl(fmt.Sprintf("durable-%s-%d", path, i))
+			cfg.viaPaho = path == "paho"
+			rate, seconds := drainBacklog(b, mosq.URL(), &durableConsumer{cfg: cfg, dir: b.TempDir()}, n)
+			cpu[path] = seconds
+			b.ReportMetric(rate, path+"-msgs/s")
+			b.ReportMetric(1e6*seconds/float64(n), path+"-CPU-µs/msg")
+		}
+		b.ReportMetric(cpu["paho"]/cpu["connection"], "paho/connection-CPU")
+	}
+}
+
+// drainBacklog queues n messages for c's session while it is down, then
+// returns the drain's rate and the process's CPU seconds during it.
+func drainBacklog(b *testing.B, url string, c *durableConsumer, n int) (rate, cpu float64) {
+	c.start(b) // create the persistent session
+	c.stop()
+	publish(b, url, n)
+	cpu0 := cpuSeconds(b)
+	start := time.Now()
+	c.start(b)
+	defer c.stop()
+	mqtttest.WaitFor(b, 5*time.Minute, "backlog drained", func() bool { return c.received() >= uint64(n) })
+	return float64(n) / time.Since(start).Seconds(), cpuSeconds(b) - cpu0
+}
+
+// cpuSeconds is the process's user and system CPU time so far.
+func cpuSeconds(b *testing.B) float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatalf("getrusage: %v", err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }

@@ -65,6 +65,11 @@ type Config struct {
 
 	Clock  func() time.Time
 	Logger *slog.Logger
+
+	// viaPaho sends every message through paho, as before the connection
+	// took PUBLISH packets out of paho's stream: for the side-by-side
+	// benchmark.
+	viaPaho bool
 }
 
 func (c *Config) setDefaults() error {

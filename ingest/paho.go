@@ -54,7 +54,11 @@ func (p *pahoSource) start(ctx context.Context) error {
 		opts.SetTLSConfig(cfg.TLS)
 	}
 	if u, err := url.Parse(cfg.Broker); err == nil {
-		if dial, ok := bufferedDial(u.Scheme, p.onPublish); ok {
+		publish := p.onPublish
+		if cfg.viaPaho {
+			publish = nil
+		}
+		if dial, ok := bufferedDial(u.Scheme, publish); ok {
 			opts.SetCustomOpenConnectionFn(dial)
 		}
 	}
