@@ -92,6 +92,9 @@ func (c *bufferedConn) nextPacket() error {
 		}
 	}
 	qos := h >> 1 & 3
+	if h>>4 == 3 && qos == 3 {
+		return fmt.Errorf("%w: PUBLISH with QoS 3", errMalformed)
+	}
 	if h>>4 != 3 || qos == 2 {
 		c.passBuf = append(c.passBuf[:0], h)
 		for v := n; ; {
