@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	paho "github.com/eclipse/paho.mqtt.golang"
+
 	"github.com/edgeagent/edgeagent/testrig/agentproc"
 	"github.com/edgeagent/edgeagent/testrig/faultproxy"
 	"github.com/edgeagent/edgeagent/testrig/scenario"
@@ -103,6 +105,13 @@ func newEnv(ctx context.Context, cfg envConfig) (_ *env, err error) {
 		e.brokerURL, e.brokerName = "tcp://"+addr, "agent's embedded broker"
 	case cfg.mqtt != "":
 		e.brokerURL, e.brokerName = cfg.mqtt, "external "+cfg.mqtt
+		// A session an earlier run's agent left on this broker would queue
+		// what the rig publishes before the agent starts (load mode's
+		// ceiling phase), and the agent would ingest it as readings no
+		// ground truth expects: start from none.
+		if err := clearSession(cfg.mqtt, ClientID); err != nil {
+			return nil, err
+		}
 	default:
 		if cfg.mosquitto {
 			m, err := servers.StartMosquitto(filepath.Join(cfg.dir, "mosquitto"))
@@ -249,4 +258,20 @@ func (e *env) close() {
 			e.tmpfs = false
 		}
 	})
+}
+
+// clearSession discards whatever session the broker keeps for clientID: a
+// clean-session connect does that in MQTT 3.1.1.
+func clearSession(broker, clientID string) error {
+	c := paho.NewClient(paho.NewClientOptions().AddBroker(broker).SetClientID(clientID).
+		SetCleanSession(true).SetConnectTimeout(10 * time.Second))
+	tok := c.Connect()
+	if !tok.WaitTimeout(15 * time.Second) {
+		return fmt.Errorf("rig: clear %s's session on %s: connect timed out", clientID, broker)
+	}
+	if err := tok.Error(); err != nil {
+		return fmt.Errorf("rig: clear %s's session on %s: %w", clientID, broker, err)
+	}
+	c.Disconnect(100)
+	return nil
 }

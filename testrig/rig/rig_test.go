@@ -10,8 +10,11 @@ import (
 	"testing"
 	"time"
 
+	paho "github.com/eclipse/paho.mqtt.golang"
+
 	"github.com/edgeagent/edgeagent/config"
 	"github.com/edgeagent/edgeagent/testrig/scenario"
+	"github.com/edgeagent/edgeagent/testrig/servers"
 	"github.com/edgeagent/edgeagent/testrig/verify"
 )
 
@@ -123,5 +126,44 @@ func TestFillDisk(t *testing.T) {
 	}
 	if err := os.WriteFile(filepath.Join(dir, "more"), make([]byte, 8192), 0o600); err != nil {
 		t.Fatalf("write after freeing the space: %v", err)
+	}
+}
+
+// clearSession leaves no session for the agent's client id on an external
+// broker, so messages queued for an earlier run's agent are gone.
+func TestClearSession(t *testing.T) {
+	m, err := servers.StartMochi("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	connect := func() paho.Client {
+		c := paho.NewClient(paho.NewClientOptions().AddBroker(m.URL()).SetClientID(ClientID).SetCleanSession(false))
+		tok := c.Connect()
+		if !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+			t.Fatalf("connect: %v", tok.Error())
+		}
+		if tok := c.Subscribe("sensors/+/telemetry", 1, nil); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+			t.Fatalf("subscribe: %v", tok.Error())
+		}
+		return c
+	}
+	connect().Disconnect(100)
+	pub := paho.NewClient(paho.NewClientOptions().AddBroker(m.URL()).SetClientID("pub"))
+	if tok := pub.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("publisher: %v", tok.Error())
+	}
+	defer pub.Disconnect(100)
+	if tok := pub.Publish("sensors/d1/telemetry", 1, false, "queued"); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("publish: %v", tok.Error())
+	}
+	if n := m.Pending(ClientID); n != 1 {
+		t.Fatalf("the broker queued %d messages for the stopped agent's session, want 1", n)
+	}
+	if err := clearSession(m.URL(), ClientID); err != nil {
+		t.Fatal(err)
+	}
+	if n := m.Pending(ClientID); n != 0 {
+		t.Fatalf("%d messages still queued for %s after clearSession", n, ClientID)
 	}
 }
