@@ -27,7 +27,7 @@ const flushDelay = time.Millisecond
 //
 // With publish set, the connection also takes QoS0 and QoS1 PUBLISH packets
 // out of the stream paho reads and hands them to publish directly, from
-// paho's reading goroutine: paho passes each message through three more
+// paho's reading goroutine: paho hands each message through two more
 // goroutines before its handler, and allocates five objects for it. paho
 // still sees every other packet (CONNACK, SUBACK, PINGRESP, and QoS2's
 // exchange), so it keeps the session, keepalive and reconnects.
