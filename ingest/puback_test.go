@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/edgeagent/edgeagent/buffer"
 	"github.com/edgeagent/edgeagent/testrig/faultproxy"
 	"github.com/edgeagent/edgeagent/testrig/mqtttest"
+	"github.com/edgeagent/edgeagent/testrig/servers"
 )
 
 // messageRecords counts every message record in Bronze, duplicates included.
@@ -48,6 +50,8 @@ func TestPubacksFollowTheirConnection(t *testing.T) {
 	}})
 	cfg := testConfig(t, "tcp://"+proxy.Addr(), "edgeagent-puback", nil)
 	in := startIngester(t, b, cfg)
+	releaseCommit := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseCommit) // before the ingester's Close, should the test fail while holding
 	mqtttest.WaitFor(t, 10*time.Second, "connected", in.Connected)
 
 	pub := mqtttest.NewPublisher(t, mosq.URL(), "device-pub")
@@ -62,7 +66,7 @@ func TestPubacksFollowTheirConnection(t *testing.T) {
 	proxy.Cut()
 	mqtttest.WaitFor(t, 10*time.Second, "connection loss seen", func() bool { return in.Stats().Reconnects.Load() >= 1 })
 	acked := in.Stats().Acked.Load()
-	close(release) // the commit ends; its PUBACKs have no connection to go to
+	releaseCommit() // the commit ends; its PUBACKs have no connection to go to
 	mqtttest.WaitFor(t, 10*time.Second, "held message stored", func() bool { return in.Stats().Acked.Load() > acked })
 	proxy.Restore()
 	mqtttest.WaitFor(t, 20*time.Second, "reconnected", in.Connected)
@@ -87,4 +91,50 @@ func TestPubacksFollowTheirConnection(t *testing.T) {
 	if n := messageRecords(t, b2); n != 1 {
 		t.Fatalf("the broker redelivered %d acknowledged messages to the next session", n-1)
 	}
+}
+
+// DESIGN invariant 1 on the connection's own PUBLISH path: while the Bronze
+// commit holding a QoS1 message is open, the broker still has it in flight
+// for the agent; the PUBACK reaches the broker only after the commit.
+func TestPubackWaitsForTheCommit(t *testing.T) {
+	m, err := servers.StartMochi("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	var holding atomic.Bool
+	release := make(chan struct{})
+	b := openBronze(t, buffer.Options{BeforeCommit: func() error {
+		if holding.CompareAndSwap(false, true) {
+			<-release // hold the first commit open
+		}
+		return nil
+	}})
+	cfg := testConfig(t, m.URL(), "edgeagent-hold", nil)
+	in := startIngester(t, b, cfg)
+	releaseCommit := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseCommit) // before the ingester's Close, should the test fail while holding
+	mqtttest.WaitFor(t, 10*time.Second, "connected", in.Connected)
+	pub := mqtttest.NewPublisher(t, m.URL(), "device-pub")
+	want := payloads("held", 1)
+	pub.PublishAll(t, "sensors/d1/telemetry", 1, want)
+	mqtttest.WaitFor(t, 10*time.Second, "commit held open", holding.Load)
+	// The connection flushes PUBACKs within a millisecond: a PUBACK sent
+	// before the commit would have reached the broker well within this.
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for end := time.After(200 * time.Millisecond); ; {
+		if n := m.Pending(cfg.ClientID); n != 1 {
+			t.Fatalf("the broker holds %d messages in flight for the agent while the commit is open, want 1", n)
+		}
+		select {
+		case <-tick.C:
+			continue
+		case <-end:
+		}
+		break
+	}
+	releaseCommit()
+	waitForMessages(t, b, want)
+	mqtttest.WaitFor(t, 10*time.Second, "PUBACK at the broker after the commit", func() bool { return m.Pending(cfg.ClientID) == 0 })
 }
