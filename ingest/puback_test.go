@@ -102,14 +102,7 @@ func TestPubackWaitsForTheCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	var holding atomic.Bool
-	release := make(chan struct{})
-	b := openBronze(t, buffer.Options{BeforeCommit: func() error {
-		if holding.CompareAndSwap(false, true) {
-			<-release // hold the first commit open
-		}
-		return nil
-	}})
+	b, holding, release := openBronzeHoldingFirstCommit(t)
 	cfg := testConfig(t, m.URL(), "edgeagent-hold", nil)
 	in := startIngester(t, b, cfg)
 	releaseCommit := sync.OnceFunc(func() { close(release) })
