@@ -13,6 +13,7 @@ import (
 	paho "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/edgeagent/edgeagent/config"
+	"github.com/edgeagent/edgeagent/testrig/mqtttest"
 	"github.com/edgeagent/edgeagent/testrig/scenario"
 	"github.com/edgeagent/edgeagent/testrig/servers"
 	"github.com/edgeagent/edgeagent/testrig/verify"
@@ -157,9 +158,9 @@ func TestClearSession(t *testing.T) {
 	if tok := pub.Publish("sensors/d1/telemetry", 1, false, "queued"); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
 		t.Fatalf("publish: %v", tok.Error())
 	}
-	if n := m.Pending(ClientID); n != 1 {
-		t.Fatalf("the broker queued %d messages for the stopped agent's session, want 1", n)
-	}
+	// The publisher's PUBACK can come before the broker queued the copy
+	// for the stopped session: wait for it.
+	mqtttest.WaitFor(t, 10*time.Second, "the message queued for the stopped agent's session", func() bool { return m.Pending(ClientID) == 1 })
 	if err := clearSession(m.URL(), ClientID); err != nil {
 		t.Fatal(err)
 	}

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
 	paho "github.com/eclipse/paho.mqtt.golang"
+	"github.com/eclipse/paho.mqtt.golang/packets"
 )
 
 // Sink publishes one message and returns once it is delivered as far as its
@@ -110,6 +112,7 @@ func NewPahoSink(cfg PahoConfig) (*PahoSink, error) {
 		SetWriteTimeout(cfg.PublishTimeout).
 		SetKeepAlive(30 * time.Second).
 		SetOrderMatters(false).
+		SetStore(outboxBackedStore{paho.NewMemoryStore()}).
 		SetConnectionLostHandler(func(_ paho.Client, err error) {
 			s.log.Warn("local: connection to the local broker lost", "broker", cfg.Broker, "err", err)
 		}).
@@ -164,4 +167,19 @@ func (s *PahoSink) Close() error {
 		s.client.Disconnect(250)
 	})
 	return nil
+}
+
+// outboxBackedStore is paho's MemoryStore without outbound PUBLISH packets.
+// A publish that is not acknowledged in time stays in the outbox and is
+// published again from there, so paho's copy is redundant, and harmful:
+// after a reconnect paho resends every stored publish while the sink,
+// already seeing the connection open, publishes new ones. A publish made
+// in that moment was sent twice (and paho raced on its DUP flag).
+type outboxBackedStore struct{ paho.Store }
+
+func (s outboxBackedStore) Put(key string, m packets.ControlPacket) {
+	if _, ok := m.(*packets.PublishPacket); ok && strings.HasPrefix(key, "o.") {
+		return
+	}
+	s.Store.Put(key, m)
 }
