@@ -2,6 +2,7 @@ package window
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -69,6 +70,24 @@ func appendWindowKey(k []byte, start int64, dev, metric string) []byte {
 	return append(k, metric...)
 }
 
+// compareWindowKeys orders windows as their keys sort: by start, then by
+// the device name's length prefix and bytes, then by metric. (Past 127
+// bytes a uvarint length no longer sorts as its value; the order then only
+// costs locality, never correctness.)
+func compareWindowKeys(a, b *window) int {
+	if c := cmp.Compare(a.start, b.start); c != 0 {
+		return c
+	}
+	da, db := a.ser.dev.name, b.ser.dev.name
+	if c := cmp.Compare(len(da), len(db)); c != 0 {
+		return c
+	}
+	if c := strings.Compare(da, db); c != 0 {
+		return c
+	}
+	return strings.Compare(a.ser.name, b.ser.name)
+}
+
 func parseWindowKey(k []byte) (start int64, dev, metric string, err error) {
 	if len(k) < 9 {
 		return 0, "", "", fmt.Errorf("%w: window key %x", ErrCorruptState, k)
@@ -82,7 +101,10 @@ func parseWindowKey(k []byte) (start int64, dev, metric string, err error) {
 }
 
 func dedupKey(lastEnd int64, dev string) []byte {
-	k := make([]byte, 0, 8+2+len(dev))
+	return appendDedupKey(make([]byte, 0, 8+2+len(dev)), lastEnd, dev)
+}
+
+func appendDedupKey(k []byte, lastEnd int64, dev string) []byte {
 	k = binary.BigEndian.AppendUint64(k, orderedInt(lastEnd))
 	return appendString(k, dev)
 }
@@ -102,39 +124,53 @@ func decodeDedupIDs(v []byte) []uint64 {
 // are deleted first; a group is only ever dropped once its end has passed
 // the device's horizon, so no put below reuses a deleted key.
 func writeDedup(b *bolt.Bucket, e *engine) error {
+	// Rows are sorted by key without encoding the keys first: a row is its
+	// group's end and device (and, for a put, the group); its key is
+	// encoded into one reused buffer at the Put, as bbolt copies keys.
 	type row struct {
-		k, v []byte
+		end int64
+		d   *device
+		g   *dedupIDs // nil for a delete
 	}
 	var dels, puts []row
-	var ar boltkv.Arena
 	for _, d := range e.dedupDirty {
 		for _, end := range d.dedup.dropped {
-			dels = append(dels, row{k: dedupKey(end, d.name)})
+			dels = append(dels, row{end: end, d: d})
 		}
 		for i := range d.dedup.groups {
-			g := &d.dedup.groups[i]
-			if !g.dirty {
-				continue
+			if g := &d.dedup.groups[i]; g.dirty {
+				puts = append(puts, row{end: g.end, d: d, g: g})
 			}
-			// In place: a group is a set, its order means nothing.
-			slices.Sort(g.ids)
-			grown := ar.Room(8 * len(g.ids))
-			for _, h := range g.ids {
-				grown = binary.BigEndian.AppendUint64(grown, h)
-			}
-			puts = append(puts, row{dedupKey(g.end, d.name), ar.Cut(grown)})
 		}
 	}
-	byKey := func(a, b row) int { return bytes.Compare(a.k, b.k) }
+	byKey := func(a, b row) int {
+		if c := cmp.Compare(a.end, b.end); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(len(a.d.name), len(b.d.name)); c != 0 {
+			return c
+		}
+		return strings.Compare(a.d.name, b.d.name)
+	}
+	var key []byte
 	slices.SortFunc(dels, byKey)
 	for _, r := range dels {
-		if err := b.Delete(r.k); err != nil {
+		key = appendDedupKey(key[:0], r.end, r.d.name)
+		if err := b.Delete(key); err != nil {
 			return fmt.Errorf("delete dedup row: %w", err)
 		}
 	}
 	slices.SortFunc(puts, byKey)
+	var ar boltkv.Arena
 	for _, r := range puts {
-		if err := b.Put(r.k, r.v); err != nil {
+		// In place: a group is a set, its order means nothing.
+		slices.Sort(r.g.ids)
+		grown := ar.Room(8 * len(r.g.ids))
+		for _, h := range r.g.ids {
+			grown = binary.BigEndian.AppendUint64(grown, h)
+		}
+		key = appendDedupKey(key[:0], r.end, r.d.name)
+		if err := b.Put(key, ar.Cut(grown)); err != nil {
 			return fmt.Errorf("put dedup row: %w", err)
 		}
 	}
@@ -505,13 +541,18 @@ func writeCheckpoint(tx *bolt.Tx, e *engine) error {
 			return fmt.Errorf("delete device %q: %w", name, err)
 		}
 	}
+	// bbolt copies each key but keeps each value until the commit: keys
+	// are encoded into one reused buffer, values into the arena. A large
+	// checkpoint (100,000 rows in load mode) holds all of it in the heap.
+	var key []byte
 	slices.SortFunc(e.dirtyDevs, func(a, b *device) int { return strings.Compare(a.name, b.name) })
 	for _, d := range e.dirtyDevs {
 		if d.dead {
 			continue
 		}
 		v := ar.Cut(appendDevice(ar.Room(maxDeviceBytes), d))
-		if err := devs.Put([]byte(d.name), v); err != nil {
+		key = append(key[:0], d.name...)
+		if err := devs.Put(key, v); err != nil {
 			return fmt.Errorf("put device %q: %w", d.name, err)
 		}
 	}
@@ -528,21 +569,16 @@ func writeCheckpoint(tx *bolt.Tx, e *engine) error {
 			return fmt.Errorf("delete window: %w", err)
 		}
 	}
-	type kw struct {
-		k []byte
-		w *window
-	}
-	puts := make([]kw, 0, len(e.dirtyWins))
+	// In key order without encoding the keys first (resetDelta does not
+	// care about the order of dirtyWins).
+	slices.SortFunc(e.dirtyWins, compareWindowKeys)
 	for _, w := range e.dirtyWins {
-		if !w.dead {
-			k := ar.Cut(appendWindowKey(ar.Room(10+len(w.ser.dev.name)+len(w.ser.name)), w.start, w.ser.dev.name, w.ser.name))
-			puts = append(puts, kw{k, w})
+		if w.dead {
+			continue
 		}
-	}
-	slices.SortFunc(puts, func(a, b kw) int { return bytes.Compare(a.k, b.k) })
-	for _, p := range puts {
-		v := ar.Cut(appendWindow(ar.Room(maxWindowBytes), p.w))
-		if err := wins.Put(p.k, v); err != nil {
+		v := ar.Cut(appendWindow(ar.Room(maxWindowBytes), w))
+		key = appendWindowKey(key[:0], w.start, w.ser.dev.name, w.ser.name)
+		if err := wins.Put(key, v); err != nil {
 			return fmt.Errorf("put window: %w", err)
 		}
 	}

@@ -10,9 +10,15 @@ import (
 	"net/http"
 	_ "net/http/pprof"
 	"os"
+	"runtime"
+	"strconv"
 )
 
 func init() {
+	// A finer heap sample rate (bytes) for exact per-structure sizes.
+	if r, err := strconv.Atoi(os.Getenv("EDGEAGENT_MEMPROFILERATE")); err == nil && r > 0 {
+		runtime.MemProfileRate = r
+	}
 	if addr := os.Getenv("EDGEAGENT_PPROF"); addr != "" {
 		go http.ListenAndServe(addr, nil)
 	}
