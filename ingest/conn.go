@@ -3,6 +3,7 @@ package ingest
 import (
 	"bufio"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -96,16 +97,8 @@ func (c *bufferedConn) nextPacket() error {
 		return fmt.Errorf("%w: PUBLISH with QoS 3", errMalformed)
 	}
 	if h>>4 != 3 || qos == 2 {
-		c.passBuf = append(c.passBuf[:0], h)
-		for v := n; ; {
-			b := byte(v & 0x7f)
-			if v >>= 7; v > 0 {
-				c.passBuf = append(c.passBuf, b|0x80)
-				continue
-			}
-			c.passBuf = append(c.passBuf, b)
-			break
-		}
+		// MQTT's remaining length is a uvarint (of at most 4 bytes here).
+		c.passBuf = binary.AppendUvarint(append(c.passBuf[:0], h), uint64(n))
 		if c.passBuf, err = appendN(c.passBuf, c.r, n); err != nil {
 			return err
 		}

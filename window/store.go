@@ -78,14 +78,19 @@ func compareWindowKeys(a, b *window) int {
 	if c := cmp.Compare(a.start, b.start); c != 0 {
 		return c
 	}
-	da, db := a.ser.dev.name, b.ser.dev.name
-	if c := cmp.Compare(len(da), len(db)); c != 0 {
-		return c
-	}
-	if c := strings.Compare(da, db); c != 0 {
+	if c := compareKeyString(a.ser.dev.name, b.ser.dev.name); c != 0 {
 		return c
 	}
 	return strings.Compare(a.ser.name, b.ser.name)
+}
+
+// compareKeyString orders strings as appendString encodes them in a key:
+// by the length prefix, then by the bytes.
+func compareKeyString(a, b string) int {
+	if c := cmp.Compare(len(a), len(b)); c != 0 {
+		return c
+	}
+	return strings.Compare(a, b)
 }
 
 func parseWindowKey(k []byte) (start int64, dev, metric string, err error) {
@@ -147,10 +152,7 @@ func writeDedup(b *bolt.Bucket, e *engine) error {
 		if c := cmp.Compare(a.end, b.end); c != 0 {
 			return c
 		}
-		if c := cmp.Compare(len(a.d.name), len(b.d.name)); c != 0 {
-			return c
-		}
-		return strings.Compare(a.d.name, b.d.name)
+		return compareKeyString(a.d.name, b.d.name)
 	}
 	var key []byte
 	slices.SortFunc(dels, byKey)
