@@ -222,7 +222,7 @@ type engine struct {
 	lates     []Late
 	dls       []DeadLetter
 	dirtyWins []*window
-	delWins   [][]byte
+	delWins   []winRef
 	// dedupDirty are the devices whose dedup groups changed since the
 	// last checkpoint; dedupRows counts the rows that changed.
 	dedupDirty []*device
@@ -683,7 +683,7 @@ func (e *engine) pruneDevice(dev *device) {
 		ev := ser.evicted
 		k := 0
 		for k < len(ev) && ev[k]+e.sizeMs <= dev.finalBefore {
-			e.delWins = append(e.delWins, windowKey(ev[k], dev.name, ser.name))
+			e.delWins = append(e.delWins, winRef{ev[k], dev.name, ser.name})
 			k++
 		}
 		if k > 0 {
@@ -708,7 +708,7 @@ func (e *engine) pruneDevice(dev *device) {
 func (e *engine) dropWindow(w *window) {
 	w.dead = true
 	e.nWindows--
-	e.delWins = append(e.delWins, windowKey(w.start, w.ser.dev.name, w.ser.name))
+	e.delWins = append(e.delWins, winRef{w.start, w.ser.dev.name, w.ser.name})
 	if w.pending {
 		delete(e.pending, w)
 	}
@@ -845,7 +845,7 @@ func (e *engine) expire(d *device) {
 			e.dropWindow(w)
 		}
 		for _, start := range ser.evicted {
-			e.delWins = append(e.delWins, windowKey(start, d.name, ser.name))
+			e.delWins = append(e.delWins, winRef{start, d.name, ser.name})
 		}
 		e.nWindows -= len(ser.evicted)
 		e.nEvicted -= len(ser.evicted)

@@ -100,10 +100,15 @@ func TestEvictionKeepsOutputs(t *testing.T) {
 	hopping.Slide = 20 * time.Second
 	hopping.AllowedLateness = 3 * time.Minute
 	for _, tc := range []struct {
-		name string
-		cfg  Config
-	}{{"tumbling", tumbling}, {"lateness10m", longLate}, {"hopping", hopping}} {
+		name   string
+		cfg    Config
+		shards uint32
+	}{{"tumbling", tumbling, 0}, {"lateness10m", longLate, 0}, {"hopping", hopping, 0},
+		{"tumbling-groups-of-several-devices", tumbling, 2}, {"hopping-groups-of-several-devices", hopping, 2}} {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.shards > 0 {
+				withShards(t, tc.shards)
+			}
 			dir := t.TempDir()
 			bronzePath := filepath.Join(dir, "bronze.db")
 			br := openBronze(t, bronzePath)
@@ -141,15 +146,29 @@ func TestEvictionKeepsOutputs(t *testing.T) {
 	}
 }
 
-// windowRows lists the starts of d1/temp rows in the state database.
+// withShards puts the window groups of the test's state databases into n
+// shards, so a group holds several devices.
+func withShards(t *testing.T, n uint32) {
+	old := windowShards
+	windowShards = n
+	t.Cleanup(func() { windowShards = old })
+}
+
+// windowRows lists the starts of the windows stored in the state
+// database, one per window.
 func windowRows(t *testing.T, db *bolt.DB) []int64 {
 	t.Helper()
 	var starts []int64
 	err := db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketWindows).ForEach(func(k, _ []byte) error {
-			start, _, _, err := parseWindowKey(k)
-			starts = append(starts, start)
-			return err
+		return tx.Bucket(bucketWindowGroups).ForEach(func(k, v []byte) error {
+			start, _, err := parseGroupKey(k)
+			if err != nil {
+				return err
+			}
+			return eachEntry(v, func(groupEntry) error {
+				starts = append(starts, start)
+				return nil
+			})
 		})
 	})
 	if err != nil {

@@ -107,6 +107,9 @@ func New(db *bolt.DB, src Source, cfg Config) (*Stage, error) {
 		if err := createBuckets(tx); err != nil {
 			return err
 		}
+		if err := migrateWindowRows(tx); err != nil {
+			return err
+		}
 		return checkFingerprint(tx, &s.cfg)
 	})
 	if err != nil {
@@ -145,11 +148,15 @@ func (s *Stage) reload() error {
 func (s *Stage) loadWindow(dev, metric string, start int64) (*window, error) {
 	w := &window{}
 	err := s.db.View(func(tx *bolt.Tx) error {
-		v := tx.Bucket(bucketWindows).Get(windowKey(start, dev, metric))
-		if v == nil {
+		v := tx.Bucket(bucketWindowGroups).Get(appendGroupKey(nil, start, shardOf(dev)))
+		win, err := findEntry(v, dev, metric)
+		if err != nil {
+			return err
+		}
+		if win == nil {
 			return fmt.Errorf("%w: no row for an evicted window", ErrCorruptState)
 		}
-		return decodeWindow(v, w)
+		return decodeWindow(win, w)
 	})
 	if err != nil {
 		return nil, err

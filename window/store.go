@@ -1,7 +1,6 @@
 package window
 
 import (
-	"bytes"
 	"cmp"
 	"encoding/binary"
 	"fmt"
@@ -26,7 +25,8 @@ var (
 	bucketRevs = []byte("window_revs")
 	// window_devices: device name → watermark, horizon, last seen, idle flag.
 	bucketDevices = []byte("window_devices")
-	// window_windows: start(8) | len+device | metric → aggregates.
+	// window_windows: start(8) | len+device | metric → aggregates; the
+	// layout before window_groups (groups.go), migrated at open.
 	bucketWindows = []byte("window_windows")
 	// window_dedup: lastEnd(8) | len+device → the event-id hashes (8 bytes
 	// each) whose last window ends at lastEnd.
@@ -37,7 +37,7 @@ var (
 	bucketLate = []byte("window_late")
 	bucketDead = []byte("window_deadletter")
 
-	stateBuckets = [][]byte{bucketMeta, bucketRevs, bucketDevices, bucketWindows, bucketDedup, bucketTombstones, bucketLate, bucketDead}
+	stateBuckets = [][]byte{bucketMeta, bucketRevs, bucketDevices, bucketWindowGroups, bucketDedup, bucketTombstones, bucketLate, bucketDead}
 
 	keyOffset      = []byte("offset")
 	keyClock       = []byte("clock")
@@ -58,30 +58,6 @@ func createBuckets(tx *bolt.Tx) error {
 		}
 	}
 	return nil
-}
-
-func windowKey(start int64, dev, metric string) []byte {
-	return appendWindowKey(make([]byte, 0, 8+2+len(dev)+len(metric)), start, dev, metric)
-}
-
-func appendWindowKey(k []byte, start int64, dev, metric string) []byte {
-	k = binary.BigEndian.AppendUint64(k, orderedInt(start))
-	k = appendString(k, dev)
-	return append(k, metric...)
-}
-
-// compareWindowKeys orders windows as their keys sort: by start, then by
-// the device name's length prefix and bytes, then by metric. (Past 127
-// bytes a uvarint length no longer sorts as its value; the order then only
-// costs locality, never correctness.)
-func compareWindowKeys(a, b *window) int {
-	if c := cmp.Compare(a.start, b.start); c != 0 {
-		return c
-	}
-	if c := compareKeyString(a.ser.dev.name, b.ser.dev.name); c != 0 {
-		return c
-	}
-	return strings.Compare(a.ser.name, b.ser.name)
 }
 
 // compareKeyString orders strings as appendString encodes them in a key:
@@ -384,39 +360,41 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 	if err != nil {
 		return nil, err
 	}
-	err = tx.Bucket(bucketWindows).ForEach(func(k, v []byte) error {
-		start, devName, metric, err := parseWindowKey(k)
+	err = tx.Bucket(bucketWindowGroups).ForEach(func(k, v []byte) error {
+		start, _, err := parseGroupKey(k)
 		if err != nil {
 			return err
 		}
-		d := e.devices[devName]
-		if d == nil {
-			return fmt.Errorf("%w: window of unknown device %q", ErrCorruptState, devName)
-		}
-		ser := d.seriesOf([]byte(metric))
-		if ser == nil {
-			ser = &series{dev: d, name: metric}
-			d.series = append(d.series, ser)
-		}
-		var w window
-		if err := decodeWindow(v, &w); err != nil {
-			return err
-		}
-		e.nWindows++
-		if load != nil && w.emitted && !w.pending {
-			// Keys lead with the start, so a series' starts come ascending.
-			ser.evicted = append(ser.evicted, start)
-			e.nEvicted++
+		return eachEntry(v, func(en groupEntry) error {
+			d := e.devices[string(en.dev)]
+			if d == nil {
+				return fmt.Errorf("%w: window of unknown device %q", ErrCorruptState, en.dev)
+			}
+			ser := d.seriesOf(en.metric)
+			if ser == nil {
+				ser = &series{dev: d, name: string(en.metric)}
+				d.series = append(d.series, ser)
+			}
+			var w window
+			if err := decodeWindow(en.win, &w); err != nil {
+				return err
+			}
+			e.nWindows++
+			if load != nil && w.emitted && !w.pending {
+				// Keys lead with the start, so a series' starts come ascending.
+				ser.evicted = append(ser.evicted, start)
+				e.nEvicted++
+				return nil
+			}
+			w.ser, w.start = ser, start
+			wp := new(window) // only these go to the heap
+			*wp = w
+			ser.windows = append(ser.windows, wp)
+			if w.pending {
+				e.pending[wp] = struct{}{}
+			}
 			return nil
-		}
-		w.ser, w.start = ser, start
-		wp := new(window) // only these go to the heap
-		*wp = w
-		ser.windows = append(ser.windows, wp)
-		if w.pending {
-			e.pending[wp] = struct{}{}
-		}
-		return nil
+		})
 	})
 	if err != nil {
 		return nil, err
@@ -559,30 +537,14 @@ func writeCheckpoint(tx *bolt.Tx, e *engine) error {
 		}
 	}
 
-	wins := tx.Bucket(bucketWindows)
-	// Window and dedup keys lead with time and a checkpoint puts them in
-	// key order, so most of its inserts extend a run of keys: bbolt's
-	// default half-full splits would leave twice the pages to write now
-	// and to hold in memory whenever a later checkpoint touches them.
+	wins := tx.Bucket(bucketWindowGroups)
+	// Group keys lead with time and a checkpoint puts them in key order,
+	// so most of its inserts extend a run of keys: bbolt's default
+	// half-full splits would leave twice the pages to write now and to
+	// hold in memory whenever a later checkpoint touches them.
 	wins.FillPercent = stateFill
-	slices.SortFunc(e.delWins, bytes.Compare)
-	for _, k := range e.delWins {
-		if err := wins.Delete(k); err != nil {
-			return fmt.Errorf("delete window: %w", err)
-		}
-	}
-	// In key order without encoding the keys first (resetDelta does not
-	// care about the order of dirtyWins).
-	slices.SortFunc(e.dirtyWins, compareWindowKeys)
-	for _, w := range e.dirtyWins {
-		if w.dead {
-			continue
-		}
-		v := ar.Cut(appendWindow(ar.Room(maxWindowBytes), w))
-		key = appendWindowKey(key[:0], w.start, w.ser.dev.name, w.ser.name)
-		if err := wins.Put(key, v); err != nil {
-			return fmt.Errorf("put window: %w", err)
-		}
+	if err := writeWindows(wins, e, &ar); err != nil {
+		return err
 	}
 
 	dd := tx.Bucket(bucketDedup)
