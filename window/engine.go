@@ -110,6 +110,7 @@ type device struct {
 	list       *devList
 	dirty      bool
 	dead       bool
+	shard      uint16 // of its state group rows: shardOf(name)
 }
 
 // seriesOf returns the device's series of metric name, or nil.
@@ -445,7 +446,7 @@ func (e *engine) metricName(prefix string, m []byte) []byte {
 
 func (e *engine) newDevice(name string) *device {
 	name = strings.Clone(name) // not a slice of the record's topic
-	d := &device{name: name, finalBefore: noTime, nextEmit: endless, nextPrune: endless}
+	d := &device{name: name, finalBefore: noTime, nextEmit: endless, nextPrune: endless, shard: shardOf(name)}
 	if h, ok := e.tombstones[name]; ok {
 		// A device that expired comes back: windows it may have emitted
 		// stay final, so none restarts at rev 1 with other content.

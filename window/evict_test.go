@@ -149,9 +149,9 @@ func TestEvictionKeepsOutputs(t *testing.T) {
 // withShards puts the window groups of the test's state databases into n
 // shards, so a group holds several devices.
 func withShards(t *testing.T, n uint32) {
-	old := windowShards
-	windowShards = n
-	t.Cleanup(func() { windowShards = old })
+	old := groupShards
+	groupShards = n
+	t.Cleanup(func() { groupShards = old })
 }
 
 // windowRows lists the starts of the windows stored in the state

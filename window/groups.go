@@ -13,68 +13,83 @@ import (
 	"github.com/edgeagent/edgeagent/internal/boltkv"
 )
 
-// Windows are stored in groups: one state row per (window start, shard of
-// the device name) holding the windows of every metric of the devices of
-// that shard at that start. A bbolt row costs far more than its bytes: in
-// load mode (10,000 devices) a checkpoint wrote about 65,000 window rows,
-// and bbolt spent about 900 bytes of heap on each (its inode in a leaf
-// node that grows by append until the commit splits it, a cursor stack, a
-// key copy, page buffers), the larger part of the checkpoint's CPU and of
-// the agent's garbage. With groups that checkpoint writes a few thousand
-// rows of about a kilobyte.
+// The state is stored in groups: windows in one row per (window start,
+// shard of the device name) holding every metric's window of the devices of
+// that shard at that start; dedup ids in one row per (group end, shard);
+// devices in one row per shard. A bbolt row costs far more than its bytes:
+// in load mode (10,000 devices) a checkpoint wrote about 65,000 window
+// rows, 28,000 dedup rows and 10,000 device rows, and bbolt spent several
+// hundred bytes of heap on each (its inode in a leaf node that grows by
+// append until the commit splits it, a cursor stack, a key copy, page
+// buffers): the larger part of a checkpoint's CPU and of the agent's
+// garbage. Grouped, the same checkpoint writes a few thousand rows of
+// about a kilobyte.
 //
-// A checkpoint merges a group's changed windows into its stored row (the
-// row holds evicted windows the engine no longer has in memory), so a
-// group is read and rewritten whole; with windowShards shards a group of a
-// 10,000-device fleet holds about ten devices, and a small fleet's group is
-// a device's metrics at one start. Keys lead with the start, as the
-// per-window rows did, so in-order data touches a few adjacent pages.
+// A checkpoint merges a group's changes into its stored row, which holds
+// entries the engine no longer has in memory (evicted windows, cold dedup
+// groups), so a changed group is read and rewritten whole. With
+// groupShards shards a group of a 10,000-device fleet holds about ten
+// devices, and a small fleet's group is one device's entries. Window and
+// dedup keys lead with the time, as the row-per-entry layout did, so
+// in-order data touches a few adjacent pages.
 //
-// Row: start (8, order-preserving) | shard (2) → entries sorted by (device,
-// metric), each the device and metric as length-prefixed strings and the
-// window's encoding (appendWindow) as length-prefixed bytes.
+// Keys: time (8, order-preserving) | shard (2); devices: shard (2). A row
+// is its entries sorted by (device, metric), each the device and metric
+// (empty for dedup and devices) as length-prefixed strings and the payload
+// as length-prefixed bytes: a window's encoding (appendWindow), a dedup
+// group's ids (8 bytes each, ascending) or a device's (appendDevice).
 
-// bucketWindowGroups holds the window groups; bucketWindows is the layout
-// before them (a row per window), migrated at open.
-var bucketWindowGroups = []byte("window_groups")
+// The group buckets; bucketWindows, bucketDedup and bucketDevices hold the
+// layout before them (a row per entry), migrated at open.
+var (
+	bucketWindowGroups = []byte("window_groups")
+	bucketDedupGroups  = []byte("window_dedup_groups")
+	bucketDeviceGroups = []byte("window_device_groups")
+)
 
-// windowShards is part of the stored layout: changing it needs a
+// groupShards is part of the stored layout: changing it needs a
 // migration. It is a variable only so tests can put several devices in a
 // group.
-var windowShards uint32 = 1024
+var groupShards uint32 = 1024
 
-// shardOf is the FNV-1a hash of the device name modulo windowShards.
+// shardOf is the FNV-1a hash of the device name modulo groupShards.
 func shardOf(dev string) uint16 {
 	h := uint32(2166136261)
 	for i := 0; i < len(dev); i++ {
 		h ^= uint32(dev[i])
 		h *= 16777619
 	}
-	return uint16(h % windowShards)
+	return uint16(h % groupShards)
 }
 
-func appendGroupKey(k []byte, start int64, shard uint16) []byte {
-	k = binary.BigEndian.AppendUint64(k, orderedInt(start))
+// noTimeKey marks the groups keyed by shard alone (devices).
+const noTimeKey = noTime
+
+func appendGroupKey(k []byte, at int64, shard uint16) []byte {
+	if at != noTimeKey {
+		k = binary.BigEndian.AppendUint64(k, orderedInt(at))
+	}
 	return binary.BigEndian.AppendUint16(k, shard)
 }
 
-func parseGroupKey(k []byte) (start int64, shard uint16, err error) {
+// parseGroupKey parses a time-led group key.
+func parseGroupKey(k []byte) (at int64, shard uint16, err error) {
 	if len(k) != 10 {
-		return 0, 0, fmt.Errorf("%w: window group key %x", ErrCorruptState, k)
+		return 0, 0, fmt.Errorf("%w: group key %x", ErrCorruptState, k)
 	}
 	return fromOrdered(binary.BigEndian.Uint64(k)), binary.BigEndian.Uint16(k[8:]), nil
 }
 
-// groupEntry is one window of a group row; win is its encoding.
-type groupEntry struct{ dev, metric, win []byte }
+// groupEntry is one entry of a group row.
+type groupEntry struct{ dev, metric, payload []byte }
 
 // eachEntry calls fn with each entry of the group row v, in order.
 func eachEntry(v []byte, fn func(groupEntry) error) error {
 	d := decoder{b: v}
 	for len(d.b) > 0 {
-		en := groupEntry{dev: d.bytes(), metric: d.bytes(), win: d.bytes()}
+		en := groupEntry{dev: d.bytes(), metric: d.bytes(), payload: d.bytes()}
 		if d.err != nil {
-			return fmt.Errorf("%w: window group row: %v", ErrCorruptState, d.err)
+			return fmt.Errorf("%w: group row: %v", ErrCorruptState, d.err)
 		}
 		if err := fn(en); err != nil {
 			return err
@@ -83,23 +98,23 @@ func eachEntry(v []byte, fn func(groupEntry) error) error {
 	return nil
 }
 
-// findEntry returns the encoding of dev's window of metric in the group row
+// findEntry returns the payload of the entry (dev, metric) of the group row
 // v, or nil.
 func findEntry(v []byte, dev, metric string) ([]byte, error) {
-	var win []byte
+	var payload []byte
 	err := eachEntry(v, func(en groupEntry) error {
 		if string(en.dev) == dev && string(en.metric) == metric {
-			win = en.win
+			payload = en.payload
 		}
 		return nil
 	})
-	return win, err
+	return payload, err
 }
 
-func appendEntry(b []byte, dev, metric string, win []byte) []byte {
+func appendEntry(b []byte, dev, metric string, payload []byte) []byte {
 	b = appendString(b, dev)
 	b = appendString(b, metric)
-	return appendBytes(b, win)
+	return appendBytes(b, payload)
 }
 
 // winRef names a stored window the next checkpoint deletes.
@@ -108,16 +123,50 @@ type winRef struct {
 	dev, metric string
 }
 
-// winChange is one window a checkpoint puts (w) or deletes (w nil).
-type winChange struct {
-	start       int64
+// rowChange is one entry a checkpoint puts (w, g or d set) or deletes.
+type rowChange struct {
+	at          int64 // window start, dedup group end, or noTimeKey
 	shard       uint16
 	dev, metric string
 	w           *window
+	g           *dedupIDs
+	d           *device
 }
 
-func compareChanges(a, b winChange) int {
-	if c := cmp.Compare(a.start, b.start); c != 0 {
+func (c *rowChange) put() bool { return c.w != nil || c.g != nil || c.d != nil }
+
+// maxSize bounds the change's entry.
+func (c *rowChange) maxSize() int {
+	n := 3*binary.MaxVarintLen32 + len(c.dev) + len(c.metric)
+	switch {
+	case c.w != nil:
+		n += maxWindowBytes
+	case c.g != nil:
+		n += 8 * len(c.g.ids)
+	case c.d != nil:
+		n += maxDeviceBytes
+	}
+	return n
+}
+
+// appendEntry appends the change's entry; scratch holds its payload.
+func (c *rowChange) appendEntry(b, scratch []byte) ([]byte, []byte) {
+	switch {
+	case c.w != nil:
+		scratch = appendWindow(scratch[:0], c.w)
+	case c.g != nil:
+		scratch = scratch[:0]
+		for _, id := range c.g.ids {
+			scratch = binary.BigEndian.AppendUint64(scratch, id)
+		}
+	default:
+		scratch = appendDevice(scratch[:0], c.d)
+	}
+	return appendEntry(b, c.dev, c.metric, scratch), scratch
+}
+
+func compareChanges(a, b rowChange) int {
+	if c := cmp.Compare(a.at, b.at); c != 0 {
 		return c
 	}
 	if c := cmp.Compare(a.shard, b.shard); c != 0 {
@@ -135,44 +184,83 @@ func compareEntry(devA, metricA, devB, metricB string) int {
 }
 
 // writeWindows merges the checkpoint's window deletes and puts into their
-// group rows. A window both deleted and put in one checkpoint ends put, as
-// the deletes happened before (an expired device that came back).
+// group rows.
 func writeWindows(b *bolt.Bucket, e *engine, ar *boltkv.Arena) error {
-	changes := make([]winChange, 0, len(e.delWins)+len(e.dirtyWins))
+	changes := make([]rowChange, 0, len(e.delWins)+len(e.dirtyWins))
 	for _, r := range e.delWins {
-		changes = append(changes, winChange{start: r.start, shard: shardOf(r.dev), dev: r.dev, metric: r.metric})
+		changes = append(changes, rowChange{at: r.start, shard: shardOf(r.dev), dev: r.dev, metric: r.metric})
 	}
 	for _, w := range e.dirtyWins {
 		if !w.dead {
-			dev := w.ser.dev.name
-			changes = append(changes, winChange{start: w.start, shard: shardOf(dev), dev: dev, metric: w.ser.name, w: w})
+			d := w.ser.dev
+			changes = append(changes, rowChange{at: w.start, shard: d.shard, dev: d.name, metric: w.ser.name, w: w})
 		}
 	}
-	// Stable: of the changes to one window, the last (a put) applies.
-	slices.SortStableFunc(changes, compareChanges)
-	var key, win []byte
-	for i := 0; i < len(changes); {
-		j := i + 1
-		for j < len(changes) && changes[j].start == changes[i].start && changes[j].shard == changes[i].shard {
-			j++
+	return writeGroups(b, changes, ar)
+}
+
+// writeDedup merges the changed dedup groups (one entry per device and
+// last window end, holding its event-id hashes) into their group rows.
+func writeDedup(b *bolt.Bucket, e *engine, ar *boltkv.Arena) error {
+	changes := make([]rowChange, 0, e.dedupRows)
+	for _, d := range e.dedupDirty {
+		for _, end := range d.dedup.dropped {
+			changes = append(changes, rowChange{at: end, shard: d.shard, dev: d.name})
 		}
-		key = appendGroupKey(key[:0], changes[i].start, changes[i].shard)
+		for i := range d.dedup.groups {
+			if g := &d.dedup.groups[i]; g.dirty {
+				slices.Sort(g.ids) // in place: a group is a set
+				changes = append(changes, rowChange{at: g.end, shard: d.shard, dev: d.name, g: g})
+			}
+		}
+	}
+	return writeGroups(b, changes, ar)
+}
+
+// writeDevices merges the changed and deleted devices into their group
+// rows.
+func writeDevices(b *bolt.Bucket, e *engine, ar *boltkv.Arena) error {
+	changes := make([]rowChange, 0, len(e.delDevs)+len(e.dirtyDevs))
+	for _, name := range e.delDevs {
+		changes = append(changes, rowChange{at: noTimeKey, shard: shardOf(name), dev: name})
+	}
+	for _, d := range e.dirtyDevs {
+		if !d.dead {
+			changes = append(changes, rowChange{at: noTimeKey, shard: d.shard, dev: d.name, d: d})
+		}
+	}
+	return writeGroups(b, changes, ar)
+}
+
+// writeGroups merges changes into their group rows. An entry both deleted
+// and put in one checkpoint (an expired device that came back) ends put:
+// the delete happened first.
+func writeGroups(b *bolt.Bucket, changes []rowChange, ar *boltkv.Arena) error {
+	slices.SortFunc(changes, compareChanges)
+	var key, scratch []byte
+	for i := 0; i < len(changes); {
+		size := 0
+		j := i
+		for ; j < len(changes) && changes[j].at == changes[i].at && changes[j].shard == changes[i].shard; j++ {
+			size += changes[j].maxSize()
+		}
+		key = appendGroupKey(key[:0], changes[i].at, changes[i].shard)
 		old := b.Get(key)
-		v := ar.Room(len(old) + (j-i)*(maxWindowBytes+48))
+		v := ar.Room(len(old) + size)
 		n := len(v)
 		var err error
-		v, win, err = mergeGroup(v, win, old, changes[i:j])
+		v, scratch, err = mergeGroup(v, scratch, old, changes[i:j])
 		if err != nil {
-			return fmt.Errorf("window group at %s: %w", fmtMs(changes[i].start), err)
+			return fmt.Errorf("group %x: %w", key, err)
 		}
 		switch {
 		case len(v) > n:
 			if err := b.Put(key, ar.Cut(v)); err != nil {
-				return fmt.Errorf("put window group: %w", err)
+				return fmt.Errorf("put group %x: %w", key, err)
 			}
 		case old != nil:
 			if err := b.Delete(key); err != nil {
-				return fmt.Errorf("delete window group: %w", err)
+				return fmt.Errorf("delete group %x: %w", key, err)
 			}
 		}
 		i = j
@@ -181,92 +269,126 @@ func writeWindows(b *bolt.Bucket, e *engine, ar *boltkv.Arena) error {
 }
 
 // mergeGroup appends to out the entries of the stored row old with the
-// sorted changes applied; win is scratch for a window's encoding.
-func mergeGroup(out, win, old []byte, changes []winChange) ([]byte, []byte, error) {
+// sorted changes applied; scratch is for a payload's encoding.
+func mergeGroup(out, scratch, old []byte, changes []rowChange) ([]byte, []byte, error) {
 	d := decoder{b: old}
 	var cur groupEntry
 	next := func() bool {
 		if len(d.b) == 0 {
 			return false
 		}
-		cur = groupEntry{dev: d.bytes(), metric: d.bytes(), win: d.bytes()}
+		cur = groupEntry{dev: d.bytes(), metric: d.bytes(), payload: d.bytes()}
 		return d.err == nil
 	}
 	haveOld := next()
 	for k := 0; k < len(changes) || haveOld; {
 		if k < len(changes) {
-			c := changes[k]
-			// The last of the changes to this window applies.
-			for k+1 < len(changes) && changes[k+1].dev == c.dev && changes[k+1].metric == c.metric {
-				k++
-				c = changes[k]
+			// The changes to one entry are k..m-1; a put wins over a delete.
+			c, m := &changes[k], k+1
+			for ; m < len(changes) && changes[m].dev == c.dev && changes[m].metric == c.metric; m++ {
+				if !c.put() {
+					c = &changes[m]
+				}
 			}
 			order := -1
 			if haveOld {
 				order = compareEntry(c.dev, c.metric, string(cur.dev), string(cur.metric))
 			}
 			if order <= 0 {
-				if c.w != nil {
-					win = appendWindow(win[:0], c.w)
-					out = appendEntry(out, c.dev, c.metric, win)
+				if c.put() {
+					out, scratch = c.appendEntry(out, scratch)
 				}
-				k++
+				k = m
 				if order == 0 {
 					haveOld = next()
 				}
 				continue
 			}
 		}
-		out = appendEntry(out, string(cur.dev), string(cur.metric), cur.win)
+		out = appendEntry(out, string(cur.dev), string(cur.metric), cur.payload)
 		haveOld = next()
 	}
 	if d.err != nil {
-		return out, win, fmt.Errorf("%w: window group row: %v", ErrCorruptState, d.err)
+		return out, scratch, fmt.Errorf("%w: group row: %v", ErrCorruptState, d.err)
 	}
-	return out, win, nil
+	return out, scratch, nil
 }
 
-// migrateWindowRows moves the windows of the layout before groups (a row
-// per window, keyed start | device | metric) into group rows and drops its
-// bucket; the values are the same window encoding.
-func migrateWindowRows(tx *bolt.Tx) error {
-	old := tx.Bucket(bucketWindows)
+// rowLayout is a bucket of the layout before groups and how its keys
+// read.
+type rowLayout struct {
+	old, groups []byte
+	parse       func(k []byte) (at int64, dev, metric string, err error)
+}
+
+var rowLayouts = []rowLayout{
+	{bucketWindows, bucketWindowGroups, parseWindowKey},
+	{bucketDedup, bucketDedupGroups, func(k []byte) (int64, string, string, error) {
+		if len(k) < 9 {
+			return 0, "", "", fmt.Errorf("%w: dedup key %x", ErrCorruptState, k)
+		}
+		d := decoder{b: k[8:]}
+		dev := d.bytes()
+		if d.err != nil || len(d.b) != 0 {
+			return 0, "", "", fmt.Errorf("%w: dedup key %x", ErrCorruptState, k)
+		}
+		return fromOrdered(binary.BigEndian.Uint64(k)), string(dev), "", nil
+	}},
+	{bucketDevices, bucketDeviceGroups, func(k []byte) (int64, string, string, error) {
+		return noTimeKey, string(k), "", nil
+	}},
+}
+
+// migrateRows moves the state of the layout before groups (a row per
+// window, dedup group and device) into group rows and drops its buckets;
+// the payloads are the same encodings.
+func migrateRows(tx *bolt.Tx) error {
+	for _, l := range rowLayouts {
+		if err := migrateBucket(tx, l); err != nil {
+			return fmt.Errorf("migrate %s to groups: %w", l.old, err)
+		}
+	}
+	return nil
+}
+
+func migrateBucket(tx *bolt.Tx, l rowLayout) error {
+	old := tx.Bucket(l.old)
 	if old == nil {
 		return nil
 	}
 	type row struct {
-		winChange
+		rowChange
 		v []byte
 	}
 	var rows []row
 	err := old.ForEach(func(k, v []byte) error {
-		start, dev, metric, err := parseWindowKey(k)
+		at, dev, metric, err := l.parse(k)
 		if err != nil {
 			return err
 		}
-		rows = append(rows, row{winChange{start: start, shard: shardOf(dev), dev: dev, metric: metric}, bytes.Clone(v)})
+		rows = append(rows, row{rowChange{at: at, shard: shardOf(dev), dev: dev, metric: metric}, bytes.Clone(v)})
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("migrate window rows: %w", err)
+		return err
 	}
-	slices.SortFunc(rows, func(a, b row) int { return compareChanges(a.winChange, b.winChange) })
-	groups := tx.Bucket(bucketWindowGroups)
+	slices.SortFunc(rows, func(a, b row) int { return compareChanges(a.rowChange, b.rowChange) })
+	groups := tx.Bucket(l.groups)
 	var key, val []byte
 	for i := 0; i < len(rows); {
 		val = val[:0]
 		j := i
-		for ; j < len(rows) && rows[j].start == rows[i].start && rows[j].shard == rows[i].shard; j++ {
+		for ; j < len(rows) && rows[j].at == rows[i].at && rows[j].shard == rows[i].shard; j++ {
 			val = appendEntry(val, rows[j].dev, rows[j].metric, rows[j].v)
 		}
-		key = appendGroupKey(key[:0], rows[i].start, rows[i].shard)
-		if err := groups.Put(key, bytes.Clone(val)); err != nil {
-			return fmt.Errorf("migrate window rows: put group: %w", err)
+		key = appendGroupKey(key[:0], rows[i].at, rows[i].shard)
+		if err := groups.Put(bytes.Clone(key), bytes.Clone(val)); err != nil {
+			return fmt.Errorf("put group: %w", err)
 		}
 		i = j
 	}
-	if err := tx.DeleteBucket(bucketWindows); err != nil {
-		return fmt.Errorf("migrate window rows: drop the old bucket: %w", err)
+	if err := tx.DeleteBucket(l.old); err != nil {
+		return fmt.Errorf("drop the old bucket: %w", err)
 	}
 	return nil
 }

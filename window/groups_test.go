@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"testing"
 	"time"
@@ -13,38 +14,74 @@ import (
 	"github.com/edgeagent/edgeagent/buffer"
 )
 
-// toRowPerWindow rewrites the state database's window groups in the layout
-// before them, a row per window keyed start | device | metric, and returns
-// how many rows it wrote.
-func toRowPerWindow(t *testing.T, db *bolt.DB) int {
+// toRowPerEntry rewrites the state database's groups in the layout before
+// them, a row per window (start | device | metric), dedup group (end |
+// device) and device (name), and returns how many rows of each it wrote.
+func toRowPerEntry(t *testing.T, db *bolt.DB) (rows map[string]int) {
 	t.Helper()
-	n := 0
+	rows = map[string]int{}
 	err := db.Update(func(tx *bolt.Tx) error {
-		old, err := tx.CreateBucket(bucketWindows)
-		if err != nil {
-			return err
-		}
-		err = tx.Bucket(bucketWindowGroups).ForEach(func(k, v []byte) error {
-			start, _, err := parseGroupKey(k)
+		for _, l := range rowLayouts {
+			old, err := tx.CreateBucket(l.old)
 			if err != nil {
 				return err
 			}
-			return eachEntry(v, func(en groupEntry) error {
-				key := binary.BigEndian.AppendUint64(nil, orderedInt(start))
-				key = appendBytes(key, en.dev)
-				key = append(key, en.metric...)
-				n++
-				return old.Put(key, bytes.Clone(en.win))
+			err = tx.Bucket(l.groups).ForEach(func(k, v []byte) error {
+				var key []byte
+				if len(k) == 10 {
+					at, _, err := parseGroupKey(k)
+					if err != nil {
+						return err
+					}
+					key = binary.BigEndian.AppendUint64(nil, orderedInt(at))
+				}
+				return eachEntry(v, func(en groupEntry) error {
+					k := bytes.Clone(key)
+					if k == nil {
+						k = bytes.Clone(en.dev) // a device row
+					} else {
+						k = appendBytes(k, en.dev)
+						k = append(k, en.metric...)
+					}
+					rows[string(l.old)]++
+					return old.Put(k, bytes.Clone(en.payload))
+				})
 			})
-		})
-		if err != nil {
-			return err
+			if err != nil {
+				return err
+			}
+			if err := tx.DeleteBucket(l.groups); err != nil {
+				return err
+			}
+			if _, err := tx.CreateBucket(l.groups); err != nil {
+				return err
+			}
 		}
-		if err := tx.DeleteBucket(bucketWindowGroups); err != nil {
-			return err
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rows
+}
+
+// groupEntries counts the entries of each group bucket.
+func groupEntries(t *testing.T, db *bolt.DB) map[string]int {
+	t.Helper()
+	n := map[string]int{}
+	err := db.View(func(tx *bolt.Tx) error {
+		for _, l := range rowLayouts {
+			if tx.Bucket(l.old) != nil {
+				t.Errorf("bucket %s of the old layout is still there", l.old)
+			}
+			err := tx.Bucket(l.groups).ForEach(func(_, v []byte) error {
+				return eachEntry(v, func(groupEntry) error { n[string(l.old)]++; return nil })
+			})
+			if err != nil {
+				return err
+			}
 		}
-		_, err = tx.CreateBucket(bucketWindowGroups)
-		return err
+		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -52,11 +89,12 @@ func toRowPerWindow(t *testing.T, db *bolt.DB) int {
 	return n
 }
 
-// TestWindowRowsMigrate: a state database in the layout before window
-// groups (a row per window), written halfway through a stream with
-// evicted windows, opens into groups and the stage goes on to write byte
-// for byte the outputs of a run that never changed layout.
-func TestWindowRowsMigrate(t *testing.T) {
+// TestRowLayoutMigrates: a state database in the layout before groups (a
+// row per window, dedup group and device), written halfway through a
+// stream with evicted windows and cold dedup groups, opens into groups and
+// the stage goes on to write byte for byte the outputs of a run that never
+// changed layout.
+func TestRowLayoutMigrates(t *testing.T) {
 	withShards(t, 2) // several devices a group
 	cfg := testConfig(t)
 	cfg.AllowedLateness = 10 * time.Minute
@@ -92,26 +130,22 @@ func TestWindowRowsMigrate(t *testing.T) {
 	if err := s.Checkpoint(); err != nil {
 		t.Fatal(err)
 	}
-	evicted := s.Stats().EvictedWindows
-	rows := toRowPerWindow(t, db)
-	if rows == 0 || evicted == 0 {
-		t.Fatalf("%d window rows, %d evicted windows at the switch: the test exercises nothing", rows, evicted)
+	evicted, cold := s.Stats().EvictedWindows, coldIDs(s.eng)
+	rows := toRowPerEntry(t, db)
+	for _, l := range rowLayouts {
+		if rows[string(l.old)] == 0 {
+			t.Fatalf("no rows in %s: the test exercises nothing", l.old)
+		}
+	}
+	if evicted == 0 || cold == 0 {
+		t.Fatalf("%d windows evicted, %d dedup ids cold at the switch: the test exercises nothing", evicted, cold)
 	}
 
 	if s, err = New(db, br, cfg); err != nil {
 		t.Fatal(err)
 	}
-	err = db.View(func(tx *bolt.Tx) error {
-		if tx.Bucket(bucketWindows) != nil {
-			t.Error("the bucket of the old layout is still there after the migration")
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := len(windowRows(t, db)); got != rows {
-		t.Fatalf("%d windows in groups after the migration, want the %d rows before it", got, rows)
+	if got := groupEntries(t, db); !maps.Equal(got, rows) {
+		t.Fatalf("entries in groups after the migration %v, want the rows before it %v", got, rows)
 	}
 	runToEnd(t, s)
 	if err := s.Flush(); err != nil {
@@ -121,7 +155,7 @@ func TestWindowRowsMigrate(t *testing.T) {
 	if !bytes.Equal(got, want.out) {
 		t.Fatalf("outputs after the migration differ from the run without it\n%s", firstDiff(got, want.out))
 	}
-	t.Logf("%d window rows migrated with %d windows evicted", rows, evicted)
+	t.Logf("rows migrated %v, with %d windows evicted and %d dedup ids cold", rows, evicted, cold)
 }
 
 // TestMergeGroup: the entries of a group row stay sorted by (device,
@@ -133,11 +167,11 @@ func TestMergeGroup(t *testing.T) {
 	old = appendEntry(old, "a", "t", appendWindow(nil, w(1)))
 	old = appendEntry(old, "c", "t", appendWindow(nil, w(2)))
 	old = appendEntry(old, "c", "u", appendWindow(nil, w(3)))
-	changes := []winChange{
+	changes := []rowChange{
 		{dev: "a", metric: "t"},          // delete
 		{dev: "b", metric: "t", w: w(4)}, // insert between
-		{dev: "c", metric: "u"},          // delete ...
-		{dev: "c", metric: "u", w: w(5)}, // ... then put
+		{dev: "c", metric: "u", w: w(5)}, // put ...
+		{dev: "c", metric: "u"},          // ... and delete: the put wins
 		{dev: "d", metric: "t", w: w(6)}, // append
 		{dev: "e", metric: "t"},          // delete of a window not stored
 	}
@@ -148,7 +182,7 @@ func TestMergeGroup(t *testing.T) {
 	var got []string
 	err = eachEntry(out, func(en groupEntry) error {
 		var win window
-		if err := decodeWindow(en.win, &win); err != nil {
+		if err := decodeWindow(en.payload, &win); err != nil {
 			return err
 		}
 		got = append(got, fmt.Sprintf("%s/%s=%d", en.dev, en.metric, win.count))

@@ -107,7 +107,7 @@ func New(db *bolt.DB, src Source, cfg Config) (*Stage, error) {
 		if err := createBuckets(tx); err != nil {
 			return err
 		}
-		if err := migrateWindowRows(tx); err != nil {
+		if err := migrateRows(tx); err != nil {
 			return err
 		}
 		return checkFingerprint(tx, &s.cfg)
@@ -169,11 +169,15 @@ func (s *Stage) loadWindow(dev, metric string, start int64) (*window, error) {
 func (s *Stage) loadDedup(dev string, end int64) ([]uint64, error) {
 	var ids []uint64
 	err := s.db.View(func(tx *bolt.Tx) error {
-		v := tx.Bucket(bucketDedup).Get(dedupKey(end, dev))
-		if v == nil || len(v)%8 != 0 {
+		v := tx.Bucket(bucketDedupGroups).Get(appendGroupKey(nil, end, shardOf(dev)))
+		payload, err := findEntry(v, dev, "")
+		if err != nil {
+			return err
+		}
+		if payload == nil || len(payload)%8 != 0 {
 			return fmt.Errorf("%w: no valid row for a cold dedup group", ErrCorruptState)
 		}
-		ids = decodeDedupIDs(v)
+		ids = decodeDedupIDs(payload)
 		return nil
 	})
 	return ids, err

@@ -1,7 +1,6 @@
 package window
 
 import (
-	"cmp"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -23,13 +22,15 @@ var (
 	// window_revs: highest revision ever emitted and the revision base.
 	// ResetState keeps it so revisions stay monotonic.
 	bucketRevs = []byte("window_revs")
-	// window_devices: device name → watermark, horizon, last seen, idle flag.
+	// window_devices: device name → watermark, horizon, last seen, idle
+	// flag; the layout before window_device_groups (groups.go).
 	bucketDevices = []byte("window_devices")
 	// window_windows: start(8) | len+device | metric → aggregates; the
 	// layout before window_groups (groups.go), migrated at open.
 	bucketWindows = []byte("window_windows")
 	// window_dedup: lastEnd(8) | len+device → the event-id hashes (8 bytes
-	// each) whose last window ends at lastEnd.
+	// each) whose last window ends at lastEnd; the layout before
+	// window_dedup_groups (groups.go).
 	bucketDedup = []byte("window_dedup")
 	// window_tombstones: device name → lateness horizon of an expired device.
 	bucketTombstones = []byte("window_tombstones")
@@ -37,7 +38,7 @@ var (
 	bucketLate = []byte("window_late")
 	bucketDead = []byte("window_deadletter")
 
-	stateBuckets = [][]byte{bucketMeta, bucketRevs, bucketDevices, bucketWindowGroups, bucketDedup, bucketTombstones, bucketLate, bucketDead}
+	stateBuckets = [][]byte{bucketMeta, bucketRevs, bucketDeviceGroups, bucketWindowGroups, bucketDedupGroups, bucketTombstones, bucketLate, bucketDead}
 
 	keyOffset      = []byte("offset")
 	keyClock       = []byte("clock")
@@ -60,15 +61,6 @@ func createBuckets(tx *bolt.Tx) error {
 	return nil
 }
 
-// compareKeyString orders strings as appendString encodes them in a key:
-// by the length prefix, then by the bytes.
-func compareKeyString(a, b string) int {
-	if c := cmp.Compare(len(a), len(b)); c != 0 {
-		return c
-	}
-	return strings.Compare(a, b)
-}
-
 func parseWindowKey(k []byte) (start int64, dev, metric string, err error) {
 	if len(k) < 9 {
 		return 0, "", "", fmt.Errorf("%w: window key %x", ErrCorruptState, k)
@@ -81,15 +73,6 @@ func parseWindowKey(k []byte) (start int64, dev, metric string, err error) {
 	return fromOrdered(binary.BigEndian.Uint64(k)), dev, string(d.b), nil
 }
 
-func dedupKey(lastEnd int64, dev string) []byte {
-	return appendDedupKey(make([]byte, 0, 8+2+len(dev)), lastEnd, dev)
-}
-
-func appendDedupKey(k []byte, lastEnd int64, dev string) []byte {
-	k = binary.BigEndian.AppendUint64(k, orderedInt(lastEnd))
-	return appendString(k, dev)
-}
-
 // decodeDedupIDs decodes a dedup row's value (its length is a multiple of 8).
 func decodeDedupIDs(v []byte) []uint64 {
 	ids := make([]uint64, 0, len(v)/8)
@@ -97,62 +80,6 @@ func decodeDedupIDs(v []byte) []uint64 {
 		ids = append(ids, binary.BigEndian.Uint64(v))
 	}
 	return ids
-}
-
-// writeDedup writes the changed dedup rows: one row per (last window end,
-// device) holding its event-id hashes, so a checkpoint writes a row per
-// device and window rather than one per reading. Rows of dropped groups
-// are deleted first; a group is only ever dropped once its end has passed
-// the device's horizon, so no put below reuses a deleted key.
-func writeDedup(b *bolt.Bucket, e *engine) error {
-	// Rows are sorted by key without encoding the keys first: a row is its
-	// group's end and device (and, for a put, the group); its key is
-	// encoded into one reused buffer at the Put, as bbolt copies keys.
-	type row struct {
-		end int64
-		d   *device
-		g   *dedupIDs // nil for a delete
-	}
-	var dels, puts []row
-	for _, d := range e.dedupDirty {
-		for _, end := range d.dedup.dropped {
-			dels = append(dels, row{end: end, d: d})
-		}
-		for i := range d.dedup.groups {
-			if g := &d.dedup.groups[i]; g.dirty {
-				puts = append(puts, row{end: g.end, d: d, g: g})
-			}
-		}
-	}
-	byKey := func(a, b row) int {
-		if c := cmp.Compare(a.end, b.end); c != 0 {
-			return c
-		}
-		return compareKeyString(a.d.name, b.d.name)
-	}
-	var key []byte
-	slices.SortFunc(dels, byKey)
-	for _, r := range dels {
-		key = appendDedupKey(key[:0], r.end, r.d.name)
-		if err := b.Delete(key); err != nil {
-			return fmt.Errorf("delete dedup row: %w", err)
-		}
-	}
-	slices.SortFunc(puts, byKey)
-	var ar boltkv.Arena
-	for _, r := range puts {
-		// In place: a group is a set, its order means nothing.
-		slices.Sort(r.g.ids)
-		grown := ar.Room(8 * len(r.g.ids))
-		for _, h := range r.g.ids {
-			grown = binary.BigEndian.AppendUint64(grown, h)
-		}
-		key = appendDedupKey(key[:0], r.end, r.d.name)
-		if err := b.Put(key, ar.Cut(grown)); err != nil {
-			return fmt.Errorf("put dedup row: %w", err)
-		}
-	}
-	return nil
 }
 
 func appendWindow(b []byte, w *window) []byte {
@@ -348,14 +275,17 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 	e.highRev = uint32(getU64(r, keyHighRev))
 	e.revBase = uint32(getU64(r, keyRevBase))
 	var devs []*device
-	err := tx.Bucket(bucketDevices).ForEach(func(k, v []byte) error {
-		d := &device{name: string(k), nextEmit: endless, nextPrune: endless}
-		if err := decodeDevice(v, d); err != nil {
-			return fmt.Errorf("device %q: %w", k, err)
-		}
-		e.devices[d.name] = d
-		devs = append(devs, d)
-		return nil
+	err := tx.Bucket(bucketDeviceGroups).ForEach(func(_, v []byte) error {
+		return eachEntry(v, func(en groupEntry) error {
+			d := &device{name: string(en.dev), nextEmit: endless, nextPrune: endless}
+			d.shard = shardOf(d.name)
+			if err := decodeDevice(en.payload, d); err != nil {
+				return fmt.Errorf("device %q: %w", en.dev, err)
+			}
+			e.devices[d.name] = d
+			devs = append(devs, d)
+			return nil
+		})
 	})
 	if err != nil {
 		return nil, err
@@ -376,7 +306,7 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 				d.series = append(d.series, ser)
 			}
 			var w window
-			if err := decodeWindow(en.win, &w); err != nil {
+			if err := decodeWindow(en.payload, &w); err != nil {
 				return err
 			}
 			e.nWindows++
@@ -399,30 +329,30 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 	if err != nil {
 		return nil, err
 	}
-	err = tx.Bucket(bucketDedup).ForEach(func(k, v []byte) error {
-		if len(k) < 9 || len(v)%8 != 0 {
-			return fmt.Errorf("%w: dedup row %x", ErrCorruptState, k)
+	err = tx.Bucket(bucketDedupGroups).ForEach(func(k, v []byte) error {
+		le, _, err := parseGroupKey(k)
+		if err != nil {
+			return err
 		}
-		le := fromOrdered(binary.BigEndian.Uint64(k))
-		dd := decoder{b: k[8:]}
-		devName := dd.bytes()
-		if dd.err != nil || len(dd.b) != 0 {
-			return fmt.Errorf("%w: dedup row %x", ErrCorruptState, k)
-		}
-		d := e.devices[string(devName)]
-		if d == nil {
-			return fmt.Errorf("%w: dedup row of unknown device %q", ErrCorruptState, devName)
-		}
-		ids := decodeDedupIDs(v)
-		// Groups the watermark has passed are cold, as a checkpoint
-		// leaves them (see dedupSet).
-		if loadDedup != nil && le <= e.coldThrough(d) {
-			d.dedup.loadCold(le, ids)
-		} else {
-			d.dedup.load(le, ids)
-		}
-		e.nDedup += len(ids)
-		return nil
+		return eachEntry(v, func(en groupEntry) error {
+			d := e.devices[string(en.dev)]
+			if d == nil {
+				return fmt.Errorf("%w: dedup group of unknown device %q", ErrCorruptState, en.dev)
+			}
+			if len(en.payload)%8 != 0 {
+				return fmt.Errorf("%w: dedup group of %q at %s", ErrCorruptState, en.dev, fmtMs(le))
+			}
+			ids := decodeDedupIDs(en.payload)
+			// Groups the watermark has passed are cold, as a checkpoint
+			// leaves them (see dedupSet).
+			if loadDedup != nil && le <= e.coldThrough(d) {
+				d.dedup.loadCold(le, ids)
+			} else {
+				d.dedup.load(le, ids)
+			}
+			e.nDedup += len(ids)
+			return nil
+		})
 	})
 	if err != nil {
 		return nil, err
@@ -514,42 +444,23 @@ func writeCheckpoint(tx *bolt.Tx, e *engine) error {
 	if err := m.Put(keyCounters, appendCounters(nil, &e.c)); err != nil {
 		return fmt.Errorf("put counters: %w", err)
 	}
+	// bbolt keeps each value until the commit: values are cut from the
+	// arena. Time-led group keys come in key order, so most inserts extend
+	// a run of keys: bbolt's default half-full splits would leave twice
+	// the pages to write now and to hold in memory whenever a later
+	// checkpoint touches them.
 	var ar boltkv.Arena
-	devs := tx.Bucket(bucketDevices)
-	for _, name := range e.delDevs {
-		if err := devs.Delete([]byte(name)); err != nil {
-			return fmt.Errorf("delete device %q: %w", name, err)
-		}
+	if err := writeDevices(tx.Bucket(bucketDeviceGroups), e, &ar); err != nil {
+		return err
 	}
-	// bbolt copies each key but keeps each value until the commit: keys
-	// are encoded into one reused buffer, values into the arena. A large
-	// checkpoint (100,000 rows in load mode) holds all of it in the heap.
-	var key []byte
-	slices.SortFunc(e.dirtyDevs, func(a, b *device) int { return strings.Compare(a.name, b.name) })
-	for _, d := range e.dirtyDevs {
-		if d.dead {
-			continue
-		}
-		v := ar.Cut(appendDevice(ar.Room(maxDeviceBytes), d))
-		key = append(key[:0], d.name...)
-		if err := devs.Put(key, v); err != nil {
-			return fmt.Errorf("put device %q: %w", d.name, err)
-		}
-	}
-
 	wins := tx.Bucket(bucketWindowGroups)
-	// Group keys lead with time and a checkpoint puts them in key order,
-	// so most of its inserts extend a run of keys: bbolt's default
-	// half-full splits would leave twice the pages to write now and to
-	// hold in memory whenever a later checkpoint touches them.
 	wins.FillPercent = stateFill
 	if err := writeWindows(wins, e, &ar); err != nil {
 		return err
 	}
-
-	dd := tx.Bucket(bucketDedup)
+	dd := tx.Bucket(bucketDedupGroups)
 	dd.FillPercent = stateFill
-	if err := writeDedup(dd, e); err != nil {
+	if err := writeDedup(dd, e, &ar); err != nil {
 		return err
 	}
 
