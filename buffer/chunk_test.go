@@ -207,3 +207,83 @@ func TestStoredReadsOutliveTheTransaction(t *testing.T) {
 	runtime.GC()
 	sameRecords(t, "records read from bbolt, held", held, want[2:12])
 }
+
+// TestAppendWritesPageSizedChunks: an Append stores its records in chunks
+// of at most chunkBytes (a larger record alone), keyed by their first
+// sequence and back to back; Scan returns them all; and a commit allocates
+// pages for little more than its records, where one value per commit made
+// bbolt rewrite the last leaf's previous chunks with every commit (4.5
+// times the records' bytes).
+func TestAppendWritesPageSizedChunks(t *testing.T) {
+	b, err := Open(filepath.Join(t.TempDir(), "bronze.db"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if b.chunkMax < 1000 || b.chunkMax > b.db.Info().PageSize {
+		t.Fatalf("chunkMax %d for page size %d", b.chunkMax, b.db.Info().PageSize)
+	}
+	batch := func(n, big int) []Record {
+		recs := make([]Record, n)
+		for i := range recs {
+			payload := strings.Repeat("x", 100)
+			if i == big {
+				payload = strings.Repeat("y", 3*b.chunkMax)
+			}
+			recs[i] = Record{Kind: KindMessage, ReceivedAt: int64(i), Topic: "d/1/t", QoS: 1, Payload: []byte(payload)}
+		}
+		return recs
+	}
+	var all []Record
+	first := batch(500, 250)
+	if err := b.Append(first); err != nil {
+		t.Fatal(err)
+	}
+	all = append(all, first...)
+	var recBytes int
+	before := b.db.Stats()
+	for range 10 {
+		recs := batch(500, -1)
+		for i := range recs {
+			recBytes += recs[i].EncodedSize()
+		}
+		if err := b.Append(recs); err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, recs...)
+	}
+	after := b.db.Stats()
+	diff := after.Sub(&before)
+	alloc := diff.TxStats.GetPageAlloc()
+	if ratio := float64(alloc) / float64(recBytes); ratio > 1.5 {
+		t.Errorf("commits allocated %d bytes of pages for %d bytes of records (%.2f×)", alloc, recBytes, ratio)
+	}
+
+	next := uint64(1)
+	chunks := 0
+	err = b.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketLog).ForEach(func(k, v []byte) error {
+			if got := binary.BigEndian.Uint64(k); got != next {
+				return fmt.Errorf("chunk at %d, want %d", got, next)
+			}
+			n := 0
+			err := eachRecord(next, v, func(uint64, []byte) (bool, error) { n++; return true, nil })
+			if err != nil {
+				return err
+			}
+			if len(v) > b.chunkMax && n > 1 {
+				return fmt.Errorf("chunk at %d holds %d records in %d bytes, over %d", next, n, len(v), b.chunkMax)
+			}
+			next += uint64(n)
+			chunks++
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next != uint64(len(all))+1 || chunks < 11*500*100/b.chunkMax {
+		t.Fatalf("%d chunks up to %d for %d records", chunks, next-1, len(all))
+	}
+	sameRecords(t, "all", readStored(t, b, 1, len(all)+1), all)
+}
