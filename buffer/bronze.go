@@ -279,8 +279,12 @@ func (b *Bronze) putChunks(log *bolt.Bucket, first uint64, arena []byte, ends []
 	return nil
 }
 
-// tailMaxBytes bounds the in-memory tail.
-const tailMaxBytes = 4 << 20
+// tailMaxBytes bounds the in-memory tail: a fraction of a second of the
+// rig's load mode (25,000 messages/s), all a window stage that keeps up
+// needs; a stage behind it reads the chunks back from disk. Load mode,
+// three alternated pairs: peak RSS 96-102 MiB at 1 MiB against 104-107 MiB
+// at 4 MiB, CPU within the runs' noise.
+const tailMaxBytes = 1 << 20
 
 // tailChunk is one committed append: arena is the chunk as stored (each
 // record a uvarint length and its encoding), record i ending at ends[i].
