@@ -978,7 +978,8 @@ func (e *engine) evict() {
 	e.evictSer = sers[:0]
 }
 
-// deltaSize is the number of state rows the next checkpoint writes.
+// deltaSize is the number of windows, dedup groups and devices the next
+// checkpoint writes or deletes (into fewer group rows).
 func (e *engine) deltaSize() int {
 	return len(e.dirtyWins) + len(e.delWins) + e.dedupRows + len(e.dirtyDevs) + len(e.delDevs)
 }

@@ -3,9 +3,11 @@ package window
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"maps"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -202,5 +204,91 @@ func TestMergeGroup(t *testing.T) {
 	}
 	if _, _, err := mergeGroup(nil, nil, old[:len(old)-3], nil); err == nil {
 		t.Fatal("a truncated group row merged without an error")
+	}
+}
+
+// FuzzGroupRow: any stored group row either reads as entries or fails with
+// ErrCorruptState, never panics; a row that reads merges with no changes
+// into itself; and a row in order merges with a put of each of its keys
+// into a row of the same keys in the same order.
+func FuzzGroupRow(f *testing.F) {
+	var row []byte
+	row = appendEntry(row, "d1", "t", appendWindow(nil, &window{count: 1}))
+	row = appendEntry(row, "d2", "", []byte{1, 2, 3, 4, 5, 6, 7, 8})
+	f.Add(row)
+	f.Add(row[:len(row)-2])
+	f.Add([]byte{0x80})
+	f.Fuzz(func(t *testing.T, v []byte) {
+		var keys []rowChange
+		err := eachEntry(v, func(en groupEntry) error {
+			keys = append(keys, rowChange{dev: string(en.dev), metric: string(en.metric)})
+			return nil
+		})
+		if err != nil {
+			if !errors.Is(err, ErrCorruptState) {
+				t.Fatalf("error %v is not ErrCorruptState", err)
+			}
+			if _, _, merr := mergeGroup(nil, nil, v, nil); merr == nil {
+				t.Fatal("a row eachEntry refuses merged without an error")
+			}
+			return
+		}
+		same, _, err := mergeGroup(nil, nil, v, nil)
+		if err != nil || !bytes.Equal(same, v) {
+			t.Fatalf("merging no changes: %x, %v; want the row %x", same, err, v)
+		}
+		for i := 1; i < len(keys); i++ {
+			if compareChanges(keys[i-1], keys[i]) >= 0 {
+				return // not a row a checkpoint writes: merging needs entries in order
+			}
+		}
+		puts := slices.Clone(keys)
+		for i := range puts {
+			puts[i].d = &device{}
+		}
+		merged, _, err := mergeGroup(nil, nil, v, puts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []rowChange
+		if err := eachEntry(merged, func(en groupEntry) error {
+			got = append(got, rowChange{dev: string(en.dev), metric: string(en.metric)})
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.EqualFunc(got, keys, func(a, b rowChange) bool { return compareChanges(a, b) == 0 }) {
+			t.Fatalf("entries after putting every key: %v, want %v", got, keys)
+		}
+	})
+}
+
+// TestResetStateDropsTheOldLayout: reset-state on a state database still in
+// the row-per-entry layout drops those rows too, so the next start does
+// not migrate state the reset was meant to discard.
+func TestResetStateDropsTheOldLayout(t *testing.T) {
+	cfg := testConfig(t)
+	db, br := openDB(t, "", true), openBronze(t, "")
+	appendAll(t, br, genStream(5, cfg, genOpts{devices: 3, duration: 10 * time.Minute, period: 10 * time.Second}))
+	s, err := New(db, br, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runToEnd(t, s)
+	if err := s.Checkpoint(); err != nil {
+		t.Fatal(err)
+	}
+	if rows := toRowPerEntry(t, db); rows[string(bucketWindows)] == 0 {
+		t.Fatal("no window rows to reset: the test exercises nothing")
+	}
+	if err := ResetState(db); err != nil {
+		t.Fatal(err)
+	}
+	s, err = New(db, br, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(windowRows(t, db)); n != 0 || len(s.eng.devices) != 0 {
+		t.Fatalf("after reset-state: %d stored windows, %d devices in memory; want none", n, len(s.eng.devices))
 	}
 }

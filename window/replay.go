@@ -20,7 +20,9 @@ import (
 // rebuilt content.
 func ResetState(db *bolt.DB) error {
 	err := db.Update(func(tx *bolt.Tx) error {
-		for _, name := range stateBuckets {
+		// The row-per-entry layout's buckets too: not yet migrated, they
+		// would be at the next New.
+		for _, name := range append(slices.Clone(stateBuckets), bucketWindows, bucketDedup, bucketDevices) {
 			if string(name) == string(bucketRevs) {
 				continue
 			}

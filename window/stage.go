@@ -321,13 +321,13 @@ func (s *Stage) commit(checkpoint bool) error {
 	return nil
 }
 
-// gcAfterRows: a checkpoint this large held its rows and bbolt's pages in
-// the heap until it committed. A collection during it set the heap's next
+// gcAfterRows: a checkpoint of this many changes held its group rows and
+// bbolt's pages in the heap until it committed. A collection during it set the heap's next
 // goal from that peak, and the heap would grow to twice it before the
 // next; collecting right after the commit sets the goal from what stays.
 // Load mode, 10,000 devices, three alternated pairs: peak RSS 122-134 MiB
 // against 131-145 MiB, CPU and ingest rate within the runs' noise. Steady
-// gateways checkpoint far fewer rows and never pay for it.
+// gateways checkpoint far fewer changes and never pay for it.
 const gcAfterRows = 20_000
 
 // Checkpoint writes the state delta now if there is one, so a restart
