@@ -160,15 +160,9 @@ func windowRows(t *testing.T, db *bolt.DB) []int64 {
 	t.Helper()
 	var starts []int64
 	err := db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketWindowGroups).ForEach(func(k, v []byte) error {
-			start, _, err := parseGroupKey(k)
-			if err != nil {
-				return err
-			}
-			return eachEntry(v, func(groupEntry) error {
-				starts = append(starts, start)
-				return nil
-			})
+		return eachTimedEntry(tx.Bucket(bucketWindowGroups), func(start int64, _ groupEntry) error {
+			starts = append(starts, start)
+			return nil
 		})
 	})
 	if err != nil {

@@ -80,6 +80,18 @@ func parseGroupKey(k []byte) (at int64, shard uint16, err error) {
 	return fromOrdered(binary.BigEndian.Uint64(k)), binary.BigEndian.Uint16(k[8:]), nil
 }
 
+// eachTimedEntry calls fn with each entry of the time-led group bucket b
+// and its group's time, in key order.
+func eachTimedEntry(b *bolt.Bucket, fn func(at int64, en groupEntry) error) error {
+	return b.ForEach(func(k, v []byte) error {
+		at, _, err := parseGroupKey(k)
+		if err != nil {
+			return err
+		}
+		return eachEntry(v, func(en groupEntry) error { return fn(at, en) })
+	})
+}
+
 // groupEntry is one entry of a group row.
 type groupEntry struct{ dev, metric, payload []byte }
 
@@ -382,7 +394,7 @@ func migrateBucket(tx *bolt.Tx, l rowLayout) error {
 			val = appendEntry(val, rows[j].dev, rows[j].metric, rows[j].v)
 		}
 		key = appendGroupKey(key[:0], rows[i].at, rows[i].shard)
-		if err := groups.Put(bytes.Clone(key), bytes.Clone(val)); err != nil {
+		if err := groups.Put(key, bytes.Clone(val)); err != nil { // bbolt copies keys
 			return fmt.Errorf("put group: %w", err)
 		}
 		i = j

@@ -142,45 +142,48 @@ func (s *Stage) reload() error {
 	return nil
 }
 
-// loadWindow reads an evicted window's row back from the state database.
-// The row is current: a window is evicted only right after a checkpoint
-// wrote it, and is not written again until it is loaded back.
+// loadWindow reads an evicted window's entry back from the state
+// database. The entry is current: a window is evicted only right after a
+// checkpoint wrote it, and is not written again until it is loaded back.
 func (s *Stage) loadWindow(dev, metric string, start int64) (*window, error) {
 	w := &window{}
-	err := s.db.View(func(tx *bolt.Tx) error {
-		v := tx.Bucket(bucketWindowGroups).Get(appendGroupKey(nil, start, shardOf(dev)))
-		win, err := findEntry(v, dev, metric)
-		if err != nil {
-			return err
-		}
-		if win == nil {
-			return fmt.Errorf("%w: no row for an evicted window", ErrCorruptState)
-		}
-		return decodeWindow(win, w)
-	})
+	err := s.readEntry(bucketWindowGroups, start, dev, metric, func(win []byte) error { return decodeWindow(win, w) })
 	if err != nil {
-		return nil, err
+		return nil, err // the engine names the window
 	}
 	return w, nil
 }
 
 // loadDedup reads a cold dedup group's ids back from the state database;
-// like an evicted window's, its row is current.
+// like an evicted window's, its entry is current.
 func (s *Stage) loadDedup(dev string, end int64) ([]uint64, error) {
 	var ids []uint64
-	err := s.db.View(func(tx *bolt.Tx) error {
-		v := tx.Bucket(bucketDedupGroups).Get(appendGroupKey(nil, end, shardOf(dev)))
-		payload, err := findEntry(v, dev, "")
+	err := s.readEntry(bucketDedupGroups, end, dev, "", func(v []byte) error {
+		if len(v)%8 != 0 {
+			return fmt.Errorf("%w: %d bytes of ids", ErrCorruptState, len(v))
+		}
+		ids = decodeDedupIDs(v)
+		return nil
+	})
+	if err != nil {
+		return nil, err // the engine names the group
+	}
+	return ids, nil
+}
+
+// readEntry calls decode with the payload of the entry (dev, metric) in the
+// group row of bucket at time at, inside the read transaction.
+func (s *Stage) readEntry(bucket []byte, at int64, dev, metric string, decode func([]byte) error) error {
+	return s.db.View(func(tx *bolt.Tx) error {
+		payload, err := findEntry(tx.Bucket(bucket).Get(appendGroupKey(nil, at, shardOf(dev))), dev, metric)
 		if err != nil {
 			return err
 		}
-		if payload == nil || len(payload)%8 != 0 {
-			return fmt.Errorf("%w: no valid row for a cold dedup group", ErrCorruptState)
+		if payload == nil {
+			return fmt.Errorf("%w: no entry in its group row", ErrCorruptState)
 		}
-		ids = decodeDedupIDs(payload)
-		return nil
+		return decode(payload)
 	})
-	return ids, err
 }
 
 // Step runs one micro-batch: at most MaxRecordsPerBatch records after the

@@ -277,8 +277,8 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 	var devs []*device
 	err := tx.Bucket(bucketDeviceGroups).ForEach(func(_, v []byte) error {
 		return eachEntry(v, func(en groupEntry) error {
-			d := &device{name: string(en.dev), nextEmit: endless, nextPrune: endless}
-			d.shard = shardOf(d.name)
+			name := string(en.dev)
+			d := &device{name: name, nextEmit: endless, nextPrune: endless, shard: shardOf(name)}
 			if err := decodeDevice(en.payload, d); err != nil {
 				return fmt.Errorf("device %q: %w", en.dev, err)
 			}
@@ -290,69 +290,57 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 	if err != nil {
 		return nil, err
 	}
-	err = tx.Bucket(bucketWindowGroups).ForEach(func(k, v []byte) error {
-		start, _, err := parseGroupKey(k)
-		if err != nil {
+	err = eachTimedEntry(tx.Bucket(bucketWindowGroups), func(start int64, en groupEntry) error {
+		d := e.devices[string(en.dev)]
+		if d == nil {
+			return fmt.Errorf("%w: window of unknown device %q", ErrCorruptState, en.dev)
+		}
+		ser := d.seriesOf(en.metric)
+		if ser == nil {
+			ser = &series{dev: d, name: string(en.metric)}
+			d.series = append(d.series, ser)
+		}
+		var w window
+		if err := decodeWindow(en.payload, &w); err != nil {
 			return err
 		}
-		return eachEntry(v, func(en groupEntry) error {
-			d := e.devices[string(en.dev)]
-			if d == nil {
-				return fmt.Errorf("%w: window of unknown device %q", ErrCorruptState, en.dev)
-			}
-			ser := d.seriesOf(en.metric)
-			if ser == nil {
-				ser = &series{dev: d, name: string(en.metric)}
-				d.series = append(d.series, ser)
-			}
-			var w window
-			if err := decodeWindow(en.payload, &w); err != nil {
-				return err
-			}
-			e.nWindows++
-			if load != nil && w.emitted && !w.pending {
-				// Keys lead with the start, so a series' starts come ascending.
-				ser.evicted = append(ser.evicted, start)
-				e.nEvicted++
-				return nil
-			}
-			w.ser, w.start = ser, start
-			wp := new(window) // only these go to the heap
-			*wp = w
-			ser.windows = append(ser.windows, wp)
-			if w.pending {
-				e.pending[wp] = struct{}{}
-			}
+		e.nWindows++
+		if load != nil && w.emitted && !w.pending {
+			// Keys lead with the start, so a series' starts come ascending.
+			ser.evicted = append(ser.evicted, start)
+			e.nEvicted++
 			return nil
-		})
+		}
+		w.ser, w.start = ser, start
+		wp := new(window) // only these go to the heap
+		*wp = w
+		ser.windows = append(ser.windows, wp)
+		if w.pending {
+			e.pending[wp] = struct{}{}
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	err = tx.Bucket(bucketDedupGroups).ForEach(func(k, v []byte) error {
-		le, _, err := parseGroupKey(k)
-		if err != nil {
-			return err
+	err = eachTimedEntry(tx.Bucket(bucketDedupGroups), func(le int64, en groupEntry) error {
+		d := e.devices[string(en.dev)]
+		if d == nil {
+			return fmt.Errorf("%w: dedup group of unknown device %q", ErrCorruptState, en.dev)
 		}
-		return eachEntry(v, func(en groupEntry) error {
-			d := e.devices[string(en.dev)]
-			if d == nil {
-				return fmt.Errorf("%w: dedup group of unknown device %q", ErrCorruptState, en.dev)
-			}
-			if len(en.payload)%8 != 0 {
-				return fmt.Errorf("%w: dedup group of %q at %s", ErrCorruptState, en.dev, fmtMs(le))
-			}
-			ids := decodeDedupIDs(en.payload)
-			// Groups the watermark has passed are cold, as a checkpoint
-			// leaves them (see dedupSet).
-			if loadDedup != nil && le <= e.coldThrough(d) {
-				d.dedup.loadCold(le, ids)
-			} else {
-				d.dedup.load(le, ids)
-			}
-			e.nDedup += len(ids)
-			return nil
-		})
+		if len(en.payload)%8 != 0 {
+			return fmt.Errorf("%w: dedup group of %q at %s", ErrCorruptState, en.dev, fmtMs(le))
+		}
+		ids := decodeDedupIDs(en.payload)
+		// Groups the watermark has passed are cold, as a checkpoint
+		// leaves them (see dedupSet).
+		if loadDedup != nil && le <= e.coldThrough(d) {
+			d.dedup.loadCold(le, ids)
+		} else {
+			d.dedup.load(le, ids)
+		}
+		e.nDedup += len(ids)
+		return nil
 	})
 	if err != nil {
 		return nil, err
