@@ -902,12 +902,26 @@ func (e *engine) pruneTombstones() {
 	}
 }
 
-// resetOutputs clears the batch outputs after a commit.
+// resetOutputs clears the batch outputs after a commit. The slices keep
+// no references (an emission holds its key and six boxed floats), and a
+// large one goes: a batch of load-mode catch-up emits about 12,000
+// aggregates, 1.8 MB of array that stayed live between batches.
 func (e *engine) resetOutputs() {
-	e.out = e.out[:0]
-	e.lates = e.lates[:0]
-	e.dls = e.dls[:0]
+	e.out = resetSlice(e.out)
+	e.lates = resetSlice(e.lates)
+	e.dls = resetSlice(e.dls)
 	e.revsDirty = false
+}
+
+// keptOutputs is the capacity up to which an output slice is reused.
+const keptOutputs = 1024
+
+func resetSlice[T any](s []T) []T {
+	if cap(s) > keptOutputs {
+		return nil
+	}
+	clear(s)
+	return s[:0]
 }
 
 // resetDelta clears the state delta after a checkpoint wrote it, and

@@ -318,6 +318,10 @@ func (s *Stage) commit(checkpoint bool) error {
 		s.checkpointAt, s.checkpointOffset = s.cfg.Clock(), e.offset
 		s.src.SetCheckpoint(e.offset)
 		if rows >= gcAfterRows {
+			// Twice: bbolt returned the commit's page buffers to its
+			// sync.Pool, which a collection only moves to the pool's
+			// victim cache, still live; the second frees them.
+			runtime.GC()
 			runtime.GC()
 		}
 	}
@@ -332,6 +336,10 @@ func (s *Stage) commit(checkpoint bool) error {
 // Load mode, 10,000 devices, three alternated pairs: peak RSS 122-134 MiB
 // against 131-145 MiB, CPU and ingest rate within the runs' noise. Steady
 // gateways checkpoint far fewer changes and never pay for it.
+// The second collection (bbolt's pooled pages, about as many bytes as the
+// checkpoint wrote, outlive the first): five alternated pairs gave peak
+// RSS 89-96 against 93-102 MiB, and a heap that peaks at 66-71 instead of
+// 69-79 MB.
 const gcAfterRows = 20_000
 
 // Checkpoint writes the state delta now if there is one, so a restart
