@@ -291,6 +291,12 @@ func (s *Stage) commit(checkpoint bool) error {
 	e := s.eng
 	lateEvicted, deadEvicted := e.c.LateEvicted, e.c.DeadEvicted
 	rows := e.deltaSize()
+	if checkpoint && rows >= gcAfterRows {
+		// Collected right before, the heap starts the checkpoint at what
+		// is live, so the checkpoint's transient fits under the goal and
+		// no cycle marks it (see gcAfterRows).
+		runtime.GC()
+	}
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		if err := s.writeOutputs(tx); err != nil {
 			return err
@@ -339,7 +345,9 @@ func (s *Stage) commit(checkpoint bool) error {
 // The second collection (bbolt's pooled pages, about as many bytes as the
 // checkpoint wrote, outlive the first): five alternated pairs gave peak
 // RSS 89-96 against 93-102 MiB, and a heap that peaks at 66-71 instead of
-// 69-79 MB.
+// 69-79 MB. The collection before the checkpoint: five more pairs, 79-89
+// against 85-98 MiB, heap peaks 55-64 against 62-82 MB. CPU stayed within
+// the noise: three full collections of a ~27 MB heap every 10 s.
 const gcAfterRows = 20_000
 
 // Checkpoint writes the state delta now if there is one, so a restart
