@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"runtime/metrics"
 	"sync"
 	"time"
 
@@ -291,10 +292,11 @@ func (s *Stage) commit(checkpoint bool) error {
 	e := s.eng
 	lateEvicted, deadEvicted := e.c.LateEvicted, e.c.DeadEvicted
 	rows := e.deltaSize()
-	if checkpoint && rows >= gcAfterRows {
+	collect := checkpoint && collectAround(rows, heapLive())
+	if collect {
 		// Collected right before, the heap starts the checkpoint at what
 		// is live, so the checkpoint's transient fits under the goal and
-		// no cycle marks it (see gcAfterRows).
+		// no cycle marks it (see collectAround).
 		runtime.GC()
 	}
 	err := s.db.Update(func(tx *bolt.Tx) error {
@@ -323,7 +325,7 @@ func (s *Stage) commit(checkpoint bool) error {
 		e.resetDelta()
 		s.checkpointAt, s.checkpointOffset = s.cfg.Clock(), e.offset
 		s.src.SetCheckpoint(e.offset)
-		if rows >= gcAfterRows {
+		if collect {
 			// Twice: bbolt returned the commit's page buffers to its
 			// sync.Pool, which a collection only moves to the pool's
 			// victim cache, still live; the second frees them.
@@ -334,21 +336,47 @@ func (s *Stage) commit(checkpoint bool) error {
 	return nil
 }
 
-// gcAfterRows: a checkpoint of this many changes held its group rows and
-// bbolt's pages in the heap until it committed. A collection during it set
-// the heap's next goal from that peak, and the heap would grow to twice it
-// before the next; collecting right after the commit sets the goal from
-// what stays.
-// Load mode, 10,000 devices, three alternated pairs: peak RSS 122-134 MiB
-// against 131-145 MiB, CPU and ingest rate within the runs' noise. Steady
-// gateways checkpoint far fewer changes and never pay for it.
-// The second collection (bbolt's pooled pages, about as many bytes as the
-// checkpoint wrote, outlive the first): five alternated pairs gave peak
-// RSS 89-96 against 93-102 MiB, and a heap that peaks at 66-71 instead of
-// 69-79 MB. The collection before the checkpoint: five more pairs, 79-89
-// against 85-98 MiB, heap peaks 55-64 against 62-82 MB. CPU stayed within
-// the noise: three full collections of a ~27 MB heap every 10 s.
-const gcAfterRows = 20_000
+// collectAround says whether a checkpoint of rows changes is worth three
+// full collections: one right before it and two right after its commit.
+// A checkpoint holds its new group rows and bbolt's page buffers in the
+// heap until it commits, about checkpointRowBytes a change (load mode,
+// 10,000 devices: 20-27 MB for 78,000-104,000 changes, against 24-29 MB
+// live). A collection during it set the heap's next goal from that peak,
+// and the heap grew to twice it before the next; collecting after the
+// commit sets the goal from what stays. The second collection after it
+// frees bbolt's page buffers, which go back to a sync.Pool and outlive the
+// first in its victim cache. The one before starts the checkpoint from
+// what is live, so its transient mostly fits under the current goal.
+//
+// It pays where the transient is a fair part of the live heap. A large
+// gateway whose heap holds ten times a checkpoint's transient would pay
+// three collections of that heap per checkpoint for a goal barely higher,
+// and a steady gateway's checkpoints are small.
+//
+// Load mode, three alternated pairs each: with one collection after, peak
+// RSS 122-134 MiB against 131-145 MiB without (session 7); with the second
+// after, 89-96 against 93-102 MiB (five pairs); with the one before too,
+// 79-89 against 85-98 MiB (five pairs), heap peaks 55-64 against 62-82 MB.
+// CPU stayed within the runs' noise.
+func collectAround(rows int, live uint64) bool {
+	transient := uint64(rows) * checkpointRowBytes
+	return rows >= gcAfterRows && transient >= live/4
+}
+
+const (
+	gcAfterRows        = 20_000
+	checkpointRowBytes = 250
+)
+
+// heapLive is the heap marked live by the last collection.
+func heapLive() uint64 {
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return 0 // unsupported: collect by the row count alone
+	}
+	return s[0].Value.Uint64()
+}
 
 // Checkpoint writes the state delta now if there is one, so a restart
 // replays nothing (called at shutdown).

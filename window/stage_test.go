@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -529,5 +530,27 @@ func TestValidate(t *testing.T) {
 	}
 	if err := testConfig(t).Validate(); err != nil {
 		t.Errorf("valid config refused: %v", err)
+	}
+}
+
+func TestCollectAroundOnlyCheckpointsLargeForTheHeap(t *testing.T) {
+	const mb = 1 << 20
+	for _, c := range []struct {
+		rows int
+		live uint64
+		want bool
+	}{
+		{19_999, 1 * mb, false},    // small checkpoint: never
+		{100_000, 27 * mb, true},   // load mode: the transient is about what is live
+		{100_000, 200 * mb, false}, // a large heap barely moves for it
+		{20_000, 0, true},          // no figure for the live heap: by rows alone
+	} {
+		if got := collectAround(c.rows, c.live); got != c.want {
+			t.Errorf("collectAround(%d rows, %d MB live) = %v, want %v", c.rows, c.live/mb, got, c.want)
+		}
+	}
+	runtime.GC()
+	if heapLive() == 0 {
+		t.Error("heapLive() = 0 after a collection")
 	}
 }
