@@ -196,9 +196,10 @@ func compareEntry(devA, metricA, devB, metricB string) int {
 }
 
 // writeWindows merges the checkpoint's window deletes and puts into their
-// group rows.
-func writeWindows(b *bolt.Bucket, e *engine, ar *boltkv.Arena) error {
-	changes := make([]rowChange, 0, len(e.delWins)+len(e.dirtyWins))
+// group rows. The write functions build their changes in buf (returned,
+// grown, for the next): one array serves the whole checkpoint.
+func writeWindows(b *bolt.Bucket, e *engine, ar *boltkv.Arena, buf []rowChange) ([]rowChange, error) {
+	changes := slices.Grow(buf[:0], len(e.delWins)+len(e.dirtyWins))
 	for _, r := range e.delWins {
 		changes = append(changes, rowChange{at: r.start, shard: shardOf(r.dev), dev: r.dev, metric: r.metric})
 	}
@@ -208,13 +209,13 @@ func writeWindows(b *bolt.Bucket, e *engine, ar *boltkv.Arena) error {
 			changes = append(changes, rowChange{at: w.start, shard: d.shard, dev: d.name, metric: w.ser.name, w: w})
 		}
 	}
-	return writeGroups(b, changes, ar)
+	return changes, writeGroups(b, changes, ar)
 }
 
 // writeDedup merges the changed dedup groups (one entry per device and
 // last window end, holding its event-id hashes) into their group rows.
-func writeDedup(b *bolt.Bucket, e *engine, ar *boltkv.Arena) error {
-	changes := make([]rowChange, 0, e.dedupRows)
+func writeDedup(b *bolt.Bucket, e *engine, ar *boltkv.Arena, buf []rowChange) ([]rowChange, error) {
+	changes := slices.Grow(buf[:0], e.dedupRows)
 	for _, d := range e.dedupDirty {
 		for _, end := range d.dedup.dropped {
 			changes = append(changes, rowChange{at: end, shard: d.shard, dev: d.name})
@@ -226,13 +227,13 @@ func writeDedup(b *bolt.Bucket, e *engine, ar *boltkv.Arena) error {
 			}
 		}
 	}
-	return writeGroups(b, changes, ar)
+	return changes, writeGroups(b, changes, ar)
 }
 
 // writeDevices merges the changed and deleted devices into their group
 // rows.
-func writeDevices(b *bolt.Bucket, e *engine, ar *boltkv.Arena) error {
-	changes := make([]rowChange, 0, len(e.delDevs)+len(e.dirtyDevs))
+func writeDevices(b *bolt.Bucket, e *engine, ar *boltkv.Arena, buf []rowChange) ([]rowChange, error) {
+	changes := slices.Grow(buf[:0], len(e.delDevs)+len(e.dirtyDevs))
 	for _, name := range e.delDevs {
 		changes = append(changes, rowChange{at: noTimeKey, shard: shardOf(name), dev: name})
 	}
@@ -241,7 +242,7 @@ func writeDevices(b *bolt.Bucket, e *engine, ar *boltkv.Arena) error {
 			changes = append(changes, rowChange{at: noTimeKey, shard: d.shard, dev: d.name, d: d})
 		}
 	}
-	return writeGroups(b, changes, ar)
+	return changes, writeGroups(b, changes, ar)
 }
 
 // writeGroups merges changes into their group rows. An entry both deleted
