@@ -353,11 +353,11 @@ func (s *Stage) commit(checkpoint bool) error {
 // three collections of that heap per checkpoint for a goal barely higher,
 // and a steady gateway's checkpoints are small.
 //
-// Load mode, three alternated pairs each: with one collection after, peak
-// RSS 122-134 MiB against 131-145 MiB without (session 7); with the second
-// after, 89-96 against 93-102 MiB (five pairs); with the one before too,
-// 79-89 against 85-98 MiB (five pairs), heap peaks 55-64 against 62-82 MB.
-// CPU stayed within the runs' noise.
+// Load mode, alternated pairs: with one collection after, peak RSS
+// 122-134 MiB against 131-145 MiB without (three pairs, session 7); with
+// the second after, 89-96 against 93-102 MiB (five pairs); with the one
+// before too, 79-89 against 85-98 MiB (five pairs), heap peaks 55-64
+// against 62-82 MB. CPU stayed within the runs' noise.
 func collectAround(rows int, live uint64) bool {
 	transient := uint64(rows) * checkpointRowBytes
 	return rows >= gcAfterRows && transient >= live/4
