@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -314,15 +315,15 @@ func (b *Bronze) addTail(first uint64, arena []byte, ends []int) {
 
 // readTail serves Read from the in-memory tail when it holds from; ok is
 // false when from is older than the tail.
-func (b *Bronze) readTail(from uint64, max int) (out []Record, ok bool, err error) {
+func (b *Bronze) readTail(out []Record, from uint64, max int) (_ []Record, ok bool, err error) {
 	b.tailMu.Lock()
 	defer b.tailMu.Unlock()
 	if len(b.tail) == 0 || from < b.tail[0].first {
-		return nil, false, nil
+		return out, false, nil
 	}
 	last := b.tail[len(b.tail)-1]
 	if end := last.first + uint64(len(last.ends)); from < end {
-		out = make([]Record, 0, min(uint64(max), end-from))
+		out = slices.Grow(out, int(min(uint64(max), end-from)))
 	}
 	for _, c := range b.tail {
 		end := c.first + uint64(len(c.ends))
@@ -357,14 +358,23 @@ func (b *Bronze) readTail(from uint64, max int) (out []Record, ok bool, err erro
 // the bytes behind Topic) may be shared with the log's in-memory tail and
 // other reads: read-only.
 func (b *Bronze) Read(from uint64, max int) ([]Record, error) {
+	return b.ReadInto(nil, from, max)
+}
+
+// ReadInto is Read into dst's array (from dst[:0]): a reader that takes
+// batch after batch reuses one array instead of allocating a batch's worth
+// of records each time (the window stage's reads were about 40 MB of
+// allocations per 10 s of load). The records' bytes are the same as Read's;
+// only the array is reused.
+func (b *Bronze) ReadInto(dst []Record, from uint64, max int) ([]Record, error) {
 	if b.closed.Load() {
-		return nil, ErrClosed
+		return dst[:0], ErrClosed
 	}
-	if out, ok, err := b.readTail(from, max); ok {
+	out, ok, err := b.readTail(dst[:0], from, max)
+	if ok {
 		return out, err
 	}
-	var out []Record
-	err := b.scanRecords(from, true, func(r Record) bool {
+	err = b.scanRecords(from, true, func(r Record) bool {
 		out = append(out, r)
 		return len(out) < max
 	})

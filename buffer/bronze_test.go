@@ -65,6 +65,7 @@ func TestReadFromTailMatchesStore(t *testing.T) {
 		t.Fatal("the tail kept every record; the test does not reach eviction")
 	}
 	oldest := b.tail[0].first
+	var dst []Record
 	for _, c := range []struct {
 		from uint64
 		max  int
@@ -73,7 +74,19 @@ func TestReadFromTailMatchesStore(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sameRecords(t, fmt.Sprintf("Read(%d, %d)", c.from, c.max), got, readStored(t, b, c.from, c.max))
+		want := readStored(t, b, c.from, c.max)
+		sameRecords(t, fmt.Sprintf("Read(%d, %d)", c.from, c.max), got, want)
+		// ReadInto over the previous case's records: the same records, in
+		// the same array when it is large enough.
+		into, err := b.ReadInto(dst, c.from, c.max)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sameRecords(t, fmt.Sprintf("ReadInto(%d, %d)", c.from, c.max), into, want)
+		if len(into) > 0 && cap(dst) >= len(into) && &into[0] != &dst[:1][0] {
+			t.Errorf("ReadInto(%d, %d) allocated although dst held %d", c.from, c.max, cap(dst))
+		}
+		dst = into
 	}
 	if err := b.Close(); err != nil {
 		t.Fatal(err)

@@ -34,7 +34,8 @@ var (
 
 // Source is where the stage reads Bronze from; *buffer.Bronze satisfies it.
 type Source interface {
-	Read(from uint64, max int) ([]buffer.Record, error)
+	// ReadInto returns up to max records from from on, in dst's array.
+	ReadInto(dst []buffer.Record, from uint64, max int) ([]buffer.Record, error)
 	SetCheckpoint(seq uint64)
 }
 

@@ -75,8 +75,10 @@ func Replay(db *bolt.DB, src Source, cfg Config, from, to time.Time) (int, error
 	seen := map[string]map[uint64]struct{}{}
 	var clock int64
 	next := uint64(0)
+	var recs []buffer.Record
 	for {
-		recs, err := src.Read(next, replayBatch)
+		var err error
+		recs, err = src.ReadInto(recs, next, replayBatch)
 		if err != nil {
 			return 0, fmt.Errorf("replay: read bronze from %d: %w", next, err)
 		}

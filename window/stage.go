@@ -10,6 +10,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/edgeagent/edgeagent/buffer"
 )
 
 // Stage is the window stage: it reads Bronze in micro-batches from its
@@ -19,10 +21,11 @@ import (
 // Step, Flush, Run and RunOnce must not run concurrently with each other
 // (they serialise on a mutex); Stats may be called from any goroutine.
 type Stage struct {
-	db  *bolt.DB
-	src Source
-	cfg Config
-	log *slog.Logger
+	db   *bolt.DB
+	src  Source
+	recs []buffer.Record // the array each Step reads its batch into
+	cfg  Config
+	log  *slog.Logger
 
 	mu  sync.Mutex // one batch at a time
 	eng *engine
@@ -209,7 +212,11 @@ func (s *Stage) Step() (StepResult, error) {
 		s.publish(res, true)
 		return res, nil
 	}
-	recs, err := s.src.Read(s.eng.offset+1, s.cfg.MaxRecordsPerBatch)
+	recs, err := s.src.ReadInto(s.recs, s.eng.offset+1, s.cfg.MaxRecordsPerBatch)
+	s.recs = recs[:0]
+	// Nothing keeps a record past the Step; cleared, the array pins none
+	// of their bytes while the stage waits.
+	defer clear(recs)
 	if err != nil {
 		return res, fmt.Errorf("read bronze after %d: %w", s.eng.offset, err)
 	}
