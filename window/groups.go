@@ -195,11 +195,11 @@ func compareEntry(devA, metricA, devB, metricB string) int {
 	return strings.Compare(metricA, metricB)
 }
 
-// writeWindows merges the checkpoint's window deletes and puts into their
-// group rows. The write functions build their changes in buf (returned,
-// grown, for the next): one array serves the whole checkpoint.
-func writeWindows(b *bolt.Bucket, e *engine, ar *boltkv.Arena, buf []rowChange) ([]rowChange, error) {
-	changes := slices.Grow(buf[:0], len(e.delWins)+len(e.dirtyWins))
+// windowChanges appends the checkpoint's window deletes and puts to
+// changes. It and its siblings append to the caller's array, so that one
+// array serves the whole checkpoint.
+func windowChanges(changes []rowChange, e *engine) []rowChange {
+	changes = slices.Grow(changes, len(e.delWins)+len(e.dirtyWins))
 	for _, r := range e.delWins {
 		changes = append(changes, rowChange{at: r.start, shard: shardOf(r.dev), dev: r.dev, metric: r.metric})
 	}
@@ -209,13 +209,13 @@ func writeWindows(b *bolt.Bucket, e *engine, ar *boltkv.Arena, buf []rowChange) 
 			changes = append(changes, rowChange{at: w.start, shard: d.shard, dev: d.name, metric: w.ser.name, w: w})
 		}
 	}
-	return changes, writeGroups(b, changes, ar)
+	return changes
 }
 
-// writeDedup merges the changed dedup groups (one entry per device and
-// last window end, holding its event-id hashes) into their group rows.
-func writeDedup(b *bolt.Bucket, e *engine, ar *boltkv.Arena, buf []rowChange) ([]rowChange, error) {
-	changes := slices.Grow(buf[:0], e.dedupRows)
+// dedupChanges appends the changed and dropped dedup groups (one entry per
+// device and last window end, holding its event-id hashes) to changes.
+func dedupChanges(changes []rowChange, e *engine) []rowChange {
+	changes = slices.Grow(changes, e.dedupRows)
 	for _, d := range e.dedupDirty {
 		for _, end := range d.dedup.dropped {
 			changes = append(changes, rowChange{at: end, shard: d.shard, dev: d.name})
@@ -227,13 +227,12 @@ func writeDedup(b *bolt.Bucket, e *engine, ar *boltkv.Arena, buf []rowChange) ([
 			}
 		}
 	}
-	return changes, writeGroups(b, changes, ar)
+	return changes
 }
 
-// writeDevices merges the changed and deleted devices into their group
-// rows.
-func writeDevices(b *bolt.Bucket, e *engine, ar *boltkv.Arena, buf []rowChange) ([]rowChange, error) {
-	changes := slices.Grow(buf[:0], len(e.delDevs)+len(e.dirtyDevs))
+// deviceChanges appends the changed and deleted devices to changes.
+func deviceChanges(changes []rowChange, e *engine) []rowChange {
+	changes = slices.Grow(changes, len(e.delDevs)+len(e.dirtyDevs))
 	for _, name := range e.delDevs {
 		changes = append(changes, rowChange{at: noTimeKey, shard: shardOf(name), dev: name})
 	}
@@ -242,7 +241,7 @@ func writeDevices(b *bolt.Bucket, e *engine, ar *boltkv.Arena, buf []rowChange) 
 			changes = append(changes, rowChange{at: noTimeKey, shard: d.shard, dev: d.name, d: d})
 		}
 	}
-	return changes, writeGroups(b, changes, ar)
+	return changes
 }
 
 // writeGroups merges changes into their group rows. An entry both deleted

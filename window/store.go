@@ -442,16 +442,17 @@ func writeCheckpoint(tx *bolt.Tx, e *engine) error {
 	var ar boltkv.Arena
 	wins := tx.Bucket(bucketWindowGroups)
 	wins.FillPercent = stateFill
-	changes, err := writeWindows(wins, e, &ar, nil)
-	if err != nil {
+	changes := windowChanges(nil, e)
+	if err := writeGroups(wins, changes, &ar); err != nil {
 		return err
 	}
-	if changes, err = writeDevices(tx.Bucket(bucketDeviceGroups), e, &ar, changes); err != nil {
+	changes = deviceChanges(changes[:0], e)
+	if err := writeGroups(tx.Bucket(bucketDeviceGroups), changes, &ar); err != nil {
 		return err
 	}
 	dd := tx.Bucket(bucketDedupGroups)
 	dd.FillPercent = stateFill
-	if _, err = writeDedup(dd, e, &ar, changes); err != nil {
+	if err := writeGroups(dd, dedupChanges(changes[:0], e), &ar); err != nil {
 		return err
 	}
 
