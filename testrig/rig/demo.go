@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/edgeagent/edgeagent/testrig/agentproc"
+	"github.com/edgeagent/edgeagent/testrig/faultproxy"
 	"github.com/edgeagent/edgeagent/testrig/scenario"
 	"github.com/edgeagent/edgeagent/testrig/sim"
 	"github.com/edgeagent/edgeagent/testrig/truth"
@@ -139,7 +140,10 @@ func Demo(ctx context.Context, o DemoOptions) (*Report, error) {
 		fl.run(runCtx, sc.Faults, sc.Duration, start)
 	}()
 	view := &liveView{out: o.Out, tty: isTerminal(o.Out), e: e, pub: pub, plan: plan, fl: fl, start: start, total: o.Duration, faults: sc.Faults}
+	// One ticker paces the view through publishing and settling alike, so
+	// the switch between them draws no second line within the same second.
 	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
 	var perr error
 loop:
 	for {
@@ -150,7 +154,6 @@ loop:
 			view.draw(ctx, "")
 		}
 	}
-	tick.Stop()
 	<-faultsDone
 	e.proxy.Restore() // an outage cut short by Ctrl-C ends here
 	rep.PublishSeconds = time.Since(start).Seconds()
@@ -162,20 +165,37 @@ loop:
 
 	exp := truth.Compute(plan, pub.Sent(), pub.SentAt(), truthSettings(sc.Agent))
 	opts := verify.CompareOptions{Gateway: Gateway, Aggregates: sc.Agent.Window.Aggregates, AtLeastOnce: pp.Republished > 0}
-	settleCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 45*time.Second)
+	const settleTimeout = 45 * time.Second
+	settleCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
 	settleStart := time.Now()
-	for {
-		res := e.verifier.Compare(exp, opts)
-		if res.Complete() || settleCtx.Err() != nil {
-			break
+	// The status fetch of the last lines must outlive a settle timeout.
+	drawCtx := context.WithoutCancel(ctx)
+	for done := false; !done; {
+		select {
+		case <-tick.C:
+		case <-settleCtx.Done():
 		}
-		view.draw(settleCtx, fmt.Sprintf("stopping: devices are quiet; waiting for the agent to close the last windows (%d of %d correct)",
-			res.Windows.Correct, res.Windows.Expected))
-		sleepCtx(settleCtx, time.Second)
+		res := e.verifier.Compare(exp, opts)
+		w := res.Windows
+		// The last line is drawn after the verifier settled, so that it
+		// agrees with the summary below it.
+		banner := fmt.Sprintf("stopping: devices are quiet, so lag grows; waiting for the agent to close the last windows (%s of %s correct)",
+			num(w.Correct), num(w.Expected))
+		switch {
+		case res.Complete():
+			banner, done = fmt.Sprintf("settled: every expected window arrived correct (%s of %s); stopping the agent", num(w.Correct), num(w.Expected)), true
+		case settleCtx.Err() != nil:
+			banner, done = fmt.Sprintf("gave up waiting after %v (%s of %s windows correct); stopping the agent", settleTimeout, num(w.Correct), num(w.Expected)), true
+		}
+		view.draw(drawCtx, banner)
 	}
+	tick.Stop()
 	rep.SettleSeconds = time.Since(settleStart).Seconds()
-	st := e.status(settleCtx)
+	// The final reads get their own time: settleCtx may have expired.
+	finalCtx, cancelFinal := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancelFinal()
+	st := e.status(finalCtx)
 	code, err := e.agent.Terminate(30 * time.Second)
 	rep.Agent.FinalExitCode = code
 	if err != nil {
@@ -184,7 +204,7 @@ loop:
 		rep.Failures = append(rep.Failures, fmt.Sprintf("agent exited %d after SIGTERM, want 0", code))
 	}
 	rep.Agent.Usage = e.agent.Usage()
-	if err := e.verifier.WaitDrained(settleCtx); err != nil {
+	if err := e.verifier.WaitDrained(finalCtx); err != nil {
 		rep.Notes = append(rep.Notes, err.Error())
 	}
 	rep.Result = e.verifier.Compare(exp, opts)
@@ -248,14 +268,17 @@ func (v *liveView) draw(ctx context.Context, banner string) {
 		fmt.Fprintf(&b, "  agent     open windows %s   late %d   duplicates %d   dead letters %d\n",
 			num(int(st.Window.OpenWindows)), st.Window.LateTotal, st.Window.DuplicatesTotal, st.Window.DeadLettersTotal)
 		fmt.Fprintf(&b, "  outbox    %s rows, %s, oldest %.1fs\n", num(int(st.Outbox.Rows)), bytesStr(int64(st.Outbox.Bytes)), st.Outbox.OldestAgeSeconds)
-		fmt.Fprintf(&b, "  uplink    %s   reconnects %d   sent %s\n", linkState(st), st.Uplink.ReconnectsTotal, bytesStr(int64(st.Uplink.BytesSentTotal)))
+		fmt.Fprintf(&b, "  uplink    link %s   agent's connection %s   reconnects %d   sent %s\n",
+			linkWord(v.e.proxy.Mode()), linkState(st), st.Uplink.ReconnectsTotal, bytesStr(int64(st.Uplink.BytesSentTotal)))
 	} else {
 		fmt.Fprintf(&b, "  agent     (status endpoint not answering)\n")
 	}
-	fmt.Fprintf(&b, "  cloud     %s windows received (%d revised), %s aggregates in %s batches, %s; last %s ago\n",
-		num(vp.Windows), vp.Revised, num(int(vp.Aggregates)), num(int(vp.Messages)), bytesStr(int64(vp.Bytes)), since(vp.LastArrival))
-	if mode := v.e.proxy.Mode().String(); mode != "forward" {
-		fmt.Fprintf(&b, "\n  >>> LINK OUTAGE: the uplink is %s (faultproxy) — aggregates wait in the outbox, then catch up <<<\n", mode)
+	// Windows and plain-number windows apart, as the summary counts them.
+	fmt.Fprintf(&b, "  cloud     %s windows received (%d revised) + %s plain-number windows; %s aggregates in %s batches, %s; last %s ago\n",
+		num(vp.Windows-vp.PTimeWindows), vp.Revised, num(vp.PTimeWindows), num(int(vp.Aggregates)), num(int(vp.Messages)), bytesStr(int64(vp.Bytes)), since(vp.LastArrival))
+	link := linkWord(v.e.proxy.Mode())
+	if link != "up" {
+		fmt.Fprintf(&b, "\n  >>> LINK OUTAGE: the link to the cloud is %s — aggregates wait in the outbox, then catch up <<<\n", link)
 	}
 	if banner != "" {
 		fmt.Fprintf(&b, "\n  %s\n", banner)
@@ -265,7 +288,7 @@ func (v *liveView) draw(ctx context.Context, banner string) {
 		return
 	}
 	// Not a terminal (a log, CI): one line per refresh.
-	line := fmt.Sprintf("[%s] sent %d, cloud windows %d, link %s", clock(el), pp.Acked, vp.Windows, v.e.proxy.Mode())
+	line := fmt.Sprintf("[%s] sent %s, cloud windows %s, link %s", clock(el), num(int(pp.Acked)), num(vp.Windows-vp.PTimeWindows), linkWord(v.e.proxy.Mode()))
 	if st != nil {
 		line += fmt.Sprintf(", outbox %d, lag %.1fs", st.Outbox.Rows, st.Window.LagSeconds)
 	}
@@ -273,6 +296,22 @@ func (v *liveView) draw(ctx context.Context, banner string) {
 		line += " — " + banner
 	}
 	fmt.Fprintln(v.out, line)
+}
+
+// linkWord names the rig's link to the cloud (the fault proxy's mode) in
+// a user's words: "forward" is the proxy's term for a working link.
+func linkWord(m faultproxy.Mode) string {
+	switch m {
+	case faultproxy.Forward:
+		return "up"
+	case faultproxy.Cutting:
+		return "cut"
+	case faultproxy.Blackholing:
+		return "silent (nothing gets through)"
+	case faultproxy.DroppingReplies:
+		return "losing the cloud's replies"
+	}
+	return m.String()
 }
 
 func linkState(st *agentproc.Status) string {

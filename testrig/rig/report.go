@@ -152,10 +152,10 @@ func (r *Report) WriteTable(w io.Writer) {
 	}
 	if res := r.Result; res != nil {
 		wc := res.Windows
-		fmt.Fprintf(w, "  windows    expected %s  received %s  correct %s  wrong %d  missing %d  extra %d  (revised %d, at least %d expected)\n",
+		fmt.Fprintf(w, "  windows    expected %s  received %s  correct %s  wrong %d  missing %d  extra %d  (revised %d: sent again with a new value; at least %d expected)\n",
 			num(wc.Expected), num(wc.Received), num(wc.Correct), wc.Wrong, wc.Missing, wc.Extra, wc.Revised, wc.RevisionsExpected)
 		if p := res.PTime; p.Expected > 0 || p.Extra > 0 {
-			fmt.Fprintf(w, "  ptime      series expected %d  correct %d  wrong %d  missing %d  extra %d  (totals, %s)\n",
+			fmt.Fprintf(w, "  ptime      series expected %d  correct %d  wrong %d  missing %d  extra %d  (plain numbers without timestamps, as totals, %s)\n",
 				p.Expected, p.Correct, p.Wrong, p.Missing, p.Extra, p.Mode)
 		}
 		d := res.Delivery

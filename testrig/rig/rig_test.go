@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -13,6 +14,8 @@ import (
 	paho "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/edgeagent/edgeagent/config"
+	"github.com/edgeagent/edgeagent/testrig/agentproc"
+	"github.com/edgeagent/edgeagent/testrig/faultproxy"
 	"github.com/edgeagent/edgeagent/testrig/mqtttest"
 	"github.com/edgeagent/edgeagent/testrig/scenario"
 	"github.com/edgeagent/edgeagent/testrig/servers"
@@ -66,7 +69,8 @@ func TestReportTableAndJSON(t *testing.T) {
 	rep := &Report{Mode: "run", Scenario: "steady", Short: true, Verdict: Fail, Broker: "mochi",
 		Failures: []string{"windows: 1 wrong"},
 		Plan:     PlanSummary{Devices: 2, Messages: 12345},
-		Result: &verify.Result{Windows: verify.WindowCounts{Expected: 10, Received: 10, Correct: 9, Wrong: 1},
+		Result: &verify.Result{Windows: verify.WindowCounts{Expected: 10, Received: 10, Correct: 9, Wrong: 1, Revised: 4, RevisionsExpected: 2},
+			PTime:    verify.SeriesCounts{Mode: "exact", Expected: 2, Correct: 2},
 			Problems: []string{"wrong a/t@x: count 1, want 2"}},
 		Counters: Counters{Source: "status.json", Mode: "exact", Late: Counter{Expected: 3, Observed: &obs}},
 		Faults:   []FaultEvent{{Kind: "disk_full", AtSeconds: 1, Skipped: "cannot mount"}},
@@ -75,6 +79,7 @@ func TestReportTableAndJSON(t *testing.T) {
 	rep.WriteTable(&b)
 	out := b.String()
 	for _, want := range []string{"edgerig run steady (short): FAIL", "12,345 messages", "wrong 1", "late 3/3",
+		"revised 4: sent again with a new value; at least 2 expected", "ptime      series expected 2  correct 2", "as totals, exact",
 		"skipped    disk_full: cannot mount", "FAILURE    windows: 1 wrong", "wrong a/t@x"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
@@ -90,6 +95,106 @@ func TestReportTableAndJSON(t *testing.T) {
 	}
 	if back.Verdict != Fail || back.Result.Windows.Wrong != 1 || *back.Counters.Late.Observed != 3 {
 		t.Fatalf("JSON round trip lost data: %+v", back)
+	}
+}
+
+// TestReportJSONAsDocumented resolves every JSON field docs/testrig.md
+// names for the report in a report with every field filled, so the docs
+// cannot name fields the JSON does not have.
+func TestReportJSONAsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/testrig.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := uint64(1)
+	c := Counter{Expected: 1, Observed: &obs}
+	rep := &Report{Mode: "run", Scenario: "steady", Description: "d", Verdict: Fail, Failures: []string{"f"}, Notes: []string{"n"},
+		Faults:   []FaultEvent{{Kind: "agent_kill", Skipped: "s", Error: "e", Note: "n"}},
+		Result:   &verify.Result{Problems: []string{"p"}},
+		Counters: Counters{Late: c, Duplicates: c, DeadLetters: c},
+		Agent:    AgentSummary{Exits: []agentproc.Exit{{Code: 0}}}}
+	var b bytes.Buffer
+	if err := rep.WriteJSON(&b); err != nil {
+		t.Fatal(err)
+	}
+	var root map[string]any
+	if err := json.Unmarshal(b.Bytes(), &root); err != nil {
+		t.Fatal(err)
+	}
+	_, table, ok := strings.Cut(string(doc), "| line | JSON fields |")
+	if !ok {
+		t.Fatal("docs/testrig.md has no table headed | line | JSON fields |")
+	}
+	table, _, _ = strings.Cut(table, "\n\n")
+	n := 0
+	for _, row := range strings.Split(table, "\n") {
+		cols := strings.Split(row, "|")
+		if len(cols) < 4 || strings.HasPrefix(cols[1], "---") {
+			continue
+		}
+		for _, m := range regexp.MustCompile("`([^`]+)`").FindAllStringSubmatch(cols[2], -1) {
+			for _, path := range expandBraces(m[1]) {
+				n++
+				if !jsonHas(root, path) {
+					t.Errorf("docs/testrig.md names JSON field %s, which the report does not have", path)
+				}
+			}
+		}
+	}
+	if n < 40 {
+		t.Fatalf("found only %d documented fields; did the table's format change?", n)
+	}
+}
+
+// expandBraces expands "a.{b, c}.d" into "a.b.d" and "a.c.d".
+func expandBraces(p string) []string {
+	i := strings.Index(p, "{")
+	if i < 0 {
+		return []string{p}
+	}
+	j := i + strings.Index(p[i:], "}")
+	var out []string
+	for _, alt := range strings.Split(p[i+1:j], ",") {
+		out = append(out, expandBraces(p[:i]+strings.TrimSpace(alt)+p[j+1:])...)
+	}
+	return out
+}
+
+// jsonHas reports whether a dotted path, with [] for an array's first
+// element, names a field of v.
+func jsonHas(v any, path string) bool {
+	for _, seg := range strings.Split(path, ".") {
+		name, array := strings.CutSuffix(seg, "[]")
+		m, ok := v.(map[string]any)
+		if !ok {
+			return false
+		}
+		if v, ok = m[name]; !ok {
+			return false
+		}
+		if array {
+			a, ok := v.([]any)
+			if !ok || len(a) == 0 {
+				return false
+			}
+			v = a[0]
+		}
+	}
+	return true
+}
+
+// The demo names the link's state in a user's words, not the fault
+// proxy's ("forward").
+func TestLinkWord(t *testing.T) {
+	for m, want := range map[faultproxy.Mode]string{faultproxy.Forward: "up", faultproxy.Cutting: "cut"} {
+		if got := linkWord(m); got != want {
+			t.Errorf("linkWord(%v) = %q, want %q", m, got, want)
+		}
+	}
+	for _, m := range []faultproxy.Mode{faultproxy.Blackholing, faultproxy.DroppingReplies} {
+		if got := linkWord(m); got == "up" || got == m.String() {
+			t.Errorf("linkWord(%v) = %q: neither up nor the proxy's own term", m, got)
+		}
 	}
 }
 

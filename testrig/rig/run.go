@@ -32,8 +32,8 @@ type Options struct {
 	// faults that restart them are then skipped.
 	MQTT, NATS string
 	// Broker picks the in-process broker: "mochi", "mosquitto", or ""
-	// for mosquitto when the scenario restarts the broker and it is
-	// installed, mochi otherwise.
+	// for mosquitto when the scenario restarts the broker or the agent and
+	// mosquitto is installed, mochi otherwise.
 	Broker string
 	// Progress receives one line per phase and fault; nil discards them.
 	Progress io.Writer

@@ -55,9 +55,11 @@ type Progress struct {
 	// Messages and Bytes count stream messages and their body bytes.
 	Messages, Bytes uint64
 	// Aggregates counts aggregates in those messages; Windows the distinct
-	// windows after the upsert.
-	Aggregates uint64
-	Windows    int
+	// windows after the upsert, PTimeWindows those of them flagged
+	// processing-time (plain numbers), which a report counts apart.
+	Aggregates   uint64
+	Windows      int
+	PTimeWindows int
 	// Revised counts windows whose highest revision is above 1.
 	Revised int
 	// DuplicateAggregates counts aggregates whose idempotency key had
@@ -221,6 +223,9 @@ func (v *Verifier) handle(msg jetstream.Msg) {
 		if r == nil {
 			r = &received{best: a}
 			v.windows[id] = r
+			if a.ProcTime {
+				v.progress.PTimeWindows++
+			}
 			if a.Rev > 1 {
 				v.progress.Revised++
 			}

@@ -173,8 +173,12 @@ func TestPTimeSeries(t *testing.T) {
 	p1, p2 := agg("n1", "level", 0, 1, 5, 6), agg("n1", "level", 60_000, 1, 7, 6)
 	p1.ProcTime, p2.ProcTime = true, true
 	publish(t, n.URL(), "p", p1, p2)
-	waitAggregates(t, v, 2)
-	exp := &truth.Expected{Windows: map[truth.Key]*truth.Window{},
+	publish(t, n.URL(), "e", agg("e1", "t", 0, 1, 1))
+	waitAggregates(t, v, 3)
+	if p := v.Progress(); p.Windows != 3 || p.PTimeWindows != 2 {
+		t.Fatalf("progress: %d windows, %d of them ptime; want 3 and 2", p.Windows, p.PTimeWindows)
+	}
+	exp := &truth.Expected{Windows: map[truth.Key]*truth.Window{{Device: "e1", Metric: "t", Start: 0}: window(1)},
 		PTime: map[truth.SeriesKey]*truth.Series{{Device: "n1", Metric: "level"}: {Count: 3, Sum: 18, Min: 5, Max: 7}}}
 	r := v.Compare(exp, CompareOptions{Gateway: gw, Aggregates: all})
 	if r.PTime.Wrong != 1 {

@@ -4,6 +4,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -32,12 +33,20 @@ func main() {
 	os.Exit(Main(ctx, os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// Synopses, one per subcommand: the top-level usage and each subcommand's
+// --help share them, so the two cannot drift apart.
+const (
+	synRun  = "edgerig run [--agent PATH] [--short] [--json FILE] [--dir DIR] [--keep] [--broker mochi|mosquitto] [--mqtt URL] [--nats URL] [--quiet] SCENARIO"
+	synDemo = "edgerig demo [--agent PATH] [--duration D] [--devices N] [--dir DIR] [--json FILE]"
+	synLoad = "edgerig load [--agent PATH] [--devices N] [--duration D] [--connections N] [--reading-interval D] [--json FILE] [--dir DIR] [--mqtt URL | --embedded]"
+)
+
 const usage = `edgerig — simulated devices, faults and cloud around the real edgeagent
 
 Usage:
-  edgerig run [--agent PATH] [--short] [--json FILE] [--dir DIR] [--keep] [--broker mochi|mosquitto] [--mqtt URL] [--nats URL] SCENARIO
-  edgerig demo [--agent PATH] [--duration D] [--devices N] [--dir DIR]
-  edgerig load [--agent PATH] [--devices N] [--duration D] [--reading-interval D] [--json FILE] [--mqtt URL | --embedded]
+  ` + synRun + `
+  ` + synDemo + `
+  ` + synLoad + `
   edgerig scenarios
 
 SCENARIO is a stock scenario name (edgerig scenarios lists them) or a YAML file.
@@ -75,10 +84,29 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return exitUsage
 }
 
-func flags(name string, stderr io.Writer) *flag.FlagSet {
+// flags makes a subcommand's flag set. Its messages are buffered so that
+// parseFailed can send --help to stdout and a bad flag to stderr.
+func flags(name, synopsis string) *flag.FlagSet {
 	fs := flag.NewFlagSet("edgerig "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(&bytes.Buffer{})
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: %s\n\n", synopsis)
+		fs.PrintDefaults()
+	}
 	return fs
+}
+
+// parseFailed reports a flag parse error and returns the exit code:
+// -h/--help print the usage to stdout and succeed, as the top-level --help
+// does; anything else is a usage error.
+func parseFailed(fs *flag.FlagSet, err error, stdout, stderr io.Writer) int {
+	msg := fs.Output().(*bytes.Buffer).String()
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, msg)
+		return exitOK
+	}
+	fmt.Fprint(stderr, msg)
+	return exitUsage
 }
 
 // parse parses flags placed before or after the positional arguments.
@@ -97,7 +125,7 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 }
 
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flags("run", stderr)
+	fs := flags("run", synRun)
 	agent := fs.String("agent", "bin/edgeagent", "edgeagent binary")
 	short := fs.Bool("short", false, "run the scenario's short version (CI)")
 	jsonPath := fs.String("json", "", "also write the report as JSON to `FILE` (- for stdout)")
@@ -105,14 +133,20 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	keep := fs.Bool("keep", false, "keep the run directory after a pass")
 	mqtt := fs.String("mqtt", "", "use this external MQTT broker `URL` instead of an in-process one")
 	nats := fs.String("nats", "", "use this external NATS `URL` (with JetStream) instead of an in-process one")
-	broker := fs.String("broker", "", "in-process broker: mochi or mosquitto (default: mosquitto when the scenario restarts the broker and it is installed)")
+	broker := fs.String("broker", "", "in-process broker: mochi or mosquitto (default: mosquitto when the scenario restarts the broker or the agent and mosquitto is installed, else mochi)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	pos, err := parse(fs, args)
 	if err != nil {
-		return exitUsage
+		return parseFailed(fs, err, stdout, stderr)
 	}
 	if len(pos) != 1 {
 		fmt.Fprintf(stderr, "edgerig run: want one SCENARIO, got %d\n\n%s", len(pos), usage)
+		return exitUsage
+	}
+	switch *broker {
+	case "", "mochi", "mosquitto":
+	default:
+		fmt.Fprintf(stderr, "edgerig run: --broker %q: want mochi or mosquitto\n", *broker)
 		return exitUsage
 	}
 	sc, err := scenario.Lookup(pos[0])
@@ -171,7 +205,7 @@ func writeJSONFile(path string, write func(io.Writer) error, stderr io.Writer) i
 }
 
 func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flags("demo", stderr)
+	fs := flags("demo", synDemo)
 	agent := fs.String("agent", "bin/edgeagent", "edgeagent binary")
 	duration := fs.Duration("duration", 0, "stop after this long (default: run until Ctrl-C)")
 	devices := fs.Int("devices", 36, "number of simulated devices")
@@ -179,7 +213,7 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	jsonPath := fs.String("json", "", "also write the verifier's summary as JSON to `FILE`")
 	pos, err := parse(fs, args)
 	if err != nil {
-		return exitUsage
+		return parseFailed(fs, err, stdout, stderr)
 	}
 	if len(pos) != 0 {
 		fmt.Fprintf(stderr, "edgerig demo: unexpected argument %q\n", pos[0])
@@ -197,19 +231,19 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 func cmdLoad(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flags("load", stderr)
+	fs := flags("load", synLoad)
 	agent := fs.String("agent", "bin/edgeagent", "edgeagent binary")
 	devices := fs.Int("devices", 10000, "simulated devices")
 	duration := fs.Duration("duration", 30*time.Second, "how long the agent is loaded")
 	conns := fs.Int("connections", 16, "MQTT connections the devices share")
 	interval := fs.Duration("reading-interval", rig.DefaultReadingInterval, "event time between one device's readings (sets how fast event time runs)")
-	jsonPath := fs.String("json", "", "also write the figures as JSON to `FILE`")
+	jsonPath := fs.String("json", "", "also write the figures as JSON to `FILE` (- for stdout, instead of the table)")
 	mqtt := fs.String("mqtt", "", "use this external MQTT broker `URL` (the ceiling is measured on it too)")
 	embedded := fs.Bool("embedded", false, "devices publish to the agent's embedded broker (its CPU and memory then include the broker's)")
 	dir := fs.String("dir", "", "run directory (default: a temporary one)")
 	pos, err := parse(fs, args)
 	if err != nil {
-		return exitUsage
+		return parseFailed(fs, err, stdout, stderr)
 	}
 	if len(pos) != 0 {
 		fmt.Fprintf(stderr, "edgerig load: unexpected argument %q\n", pos[0])
@@ -225,8 +259,16 @@ func cmdLoad(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "edgerig load: %v\n", err)
 		return exitError
 	}
-	lr.WriteTable(stdout)
-	if *jsonPath != "" {
+	switch *jsonPath {
+	case "-":
+		if err := lr.WriteJSON(stdout); err != nil {
+			fmt.Fprintf(stderr, "edgerig load: %v\n", err)
+			return exitError
+		}
+	case "":
+		lr.WriteTable(stdout)
+	default:
+		lr.WriteTable(stdout)
 		if code := writeJSONFile(*jsonPath, lr.WriteJSON, stderr); code != exitOK {
 			return code
 		}

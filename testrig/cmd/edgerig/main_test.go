@@ -20,6 +20,10 @@ func TestUsageAndScenarios(t *testing.T) {
 		{[]string{"run"}, exitUsage, "want one SCENARIO"},
 		{[]string{"run", "no-such"}, exitUsage, "neither a stock scenario"},
 		{[]string{"run", "--bogus", "steady"}, exitUsage, "flag provided but not defined"},
+		{[]string{"run", "--broker", "foo", "steady"}, exitUsage, "want mochi or mosquitto"},
+		{[]string{"run", "--help"}, exitOK, "Usage: edgerig run"},
+		{[]string{"demo", "-h"}, exitOK, "Usage: edgerig demo"},
+		{[]string{"load", "--help"}, exitOK, "Usage: edgerig load"},
 		{[]string{"run", "--agent", "/nonexistent/edgeagent", "--quiet", "steady"}, exitError, "agent binary not found"},
 		{[]string{"demo", "extra"}, exitUsage, "unexpected argument"},
 		{[]string{"load", "--embedded", "--mqtt", "tcp://127.0.0.1:1"}, exitUsage, "exclude each other"},
@@ -40,10 +44,42 @@ func TestUsageAndScenarios(t *testing.T) {
 
 // Flags may follow the scenario name, as in edgerig run steady --short.
 func TestParseInterleaved(t *testing.T) {
-	fs := flags("run", &bytes.Buffer{})
+	fs := flags("run", synRun)
 	short := fs.Bool("short", false, "")
 	pos, err := parse(fs, []string{"steady", "--short"})
 	if err != nil || len(pos) != 1 || pos[0] != "steady" || !*short {
 		t.Fatalf("pos %v short %v err %v", pos, *short, err)
+	}
+}
+
+// Every flag a subcommand defines is in its synopsis, and so in the
+// top-level usage; --help goes to stdout, where a pager can read it.
+func TestUsageListsEveryFlag(t *testing.T) {
+	for cmd, syn := range map[string]string{"run": synRun, "demo": synDemo, "load": synLoad} {
+		var out, errb bytes.Buffer
+		if code := Main(context.Background(), []string{cmd, "--help"}, &out, &errb); code != exitOK {
+			t.Fatalf("%s --help: exit %d, want %d", cmd, code, exitOK)
+		}
+		if errb.Len() != 0 {
+			t.Errorf("%s --help wrote to stderr: %s", cmd, errb.String())
+		}
+		if !strings.Contains(usage, syn) {
+			t.Errorf("the top-level usage lacks %q", syn)
+		}
+		n := 0
+		for _, line := range strings.Split(out.String(), "\n") {
+			// PrintDefaults starts each flag's line with "  -name".
+			if !strings.HasPrefix(line, "  -") {
+				continue
+			}
+			name := strings.Fields(line)[0][1:]
+			n++
+			if !strings.Contains(syn, "--"+name+" ") && !strings.Contains(syn, "--"+name+"]") {
+				t.Errorf("%s: flag --%s is missing from the synopsis %q", cmd, name, syn)
+			}
+		}
+		if n == 0 {
+			t.Errorf("%s --help listed no flags:\n%s", cmd, out.String())
+		}
 	}
 }
