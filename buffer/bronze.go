@@ -108,7 +108,9 @@ func Open(path string, opts Options) (*Bronze, error) {
 			return nil, fmt.Errorf("open bronze %s: %w", path, err)
 		}
 	}
-	db, err := bolt.Open(path, 0o600, bo)
+	// Group-readable, so that the umask decides: under the unit's
+	// UMask=0027 members of group edgeagent can inspect a stopped agent.
+	db, err := bolt.Open(path, 0o640, bo)
 	if err != nil {
 		if errors.Is(err, bolt.ErrTimeout) {
 			return nil, fmt.Errorf("open bronze %s: locked by another process (is the agent running? use the status endpoint instead): %w", path, err)

@@ -3,6 +3,7 @@ package buffer
 import (
 	"bytes"
 	"fmt"
+	"os"
 	"path/filepath"
 	"runtime"
 	"testing"
@@ -133,4 +134,25 @@ func TestTailRecordsOutliveEviction(t *testing.T) {
 	}
 	runtime.GC()
 	sameRecords(t, "records held across eviction", held, want)
+}
+
+// The Bronze file is created group-readable and never world-accessible
+// (given the usual umask 022 or the unit's 0027), so members of the
+// service's group can inspect a stopped agent.
+func TestBronzeFileMode(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "bronze.db")
+	b, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := st.Mode().Perm(); m&0o040 == 0 || m&0o007 != 0 {
+		t.Errorf("bronze.db mode %v, want group-readable and nothing for others", m)
+	}
 }

@@ -122,11 +122,13 @@ func (c Condition) String() string {
 // one-sided comparisons: if the sets intersect, they intersect at or right
 // next to one of the two thresholds, or far out on one side.
 func overlap(a, b Condition) (float64, bool) {
-	var cands []float64
+	// The midpoint first: it makes a readable example ("both hold at 85"
+	// for > 80 and < 90, where the next float above 80 prints as 80).
+	cands := []float64{(a.Value + b.Value) / 2}
 	for _, t := range []float64{a.Value, b.Value} {
 		cands = append(cands, t, math.Nextafter(t, math.Inf(1)), math.Nextafter(t, math.Inf(-1)))
 	}
-	cands = append(cands, (a.Value+b.Value)/2, -math.MaxFloat64, math.MaxFloat64)
+	cands = append(cands, -math.MaxFloat64, math.MaxFloat64)
 	for _, v := range cands {
 		if a.Holds(v) && b.Holds(v) {
 			return v, true

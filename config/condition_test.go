@@ -125,4 +125,11 @@ func TestConditionOverlap(t *testing.T) {
 			t.Errorf("overlap(%q, %q) returned %v, where they do not both hold", tc.a, tc.b, v)
 		}
 	}
+	// The example value reads as one where both hold: not the float next to
+	// a threshold, which prints as the threshold.
+	a, _ := ParseCondition("mean > 80")
+	b, _ := ParseCondition("mean < 90")
+	if v, _ := overlap(a, b); v != 85 {
+		t.Errorf("overlap(mean > 80, mean < 90) = %v, want the midpoint 85", v)
+	}
 }

@@ -13,7 +13,7 @@ import (
 // too (a NATS URL's user without a password is a token).
 type Config struct {
 	// GatewayID names this gateway in every aggregate, NATS subject and MQTT
-	// topic it produces. Required; letters, digits, '.', '_' and '-'.
+	// topic it produces. Required; letters, digits, '_' and '-' (one NATS subject token).
 	GatewayID string `yaml:"gateway_id"`
 	// DataDir holds the Bronze log and the state database.
 	DataDir      string       `yaml:"data_dir"`

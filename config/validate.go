@@ -14,13 +14,22 @@ import (
 	"github.com/edgeagent/edgeagent/internal/topic"
 )
 
-var gatewayIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)
+// Limits the window stage enforces when it starts (window.Config.Validate),
+// repeated here so the check reports them with their line;
+// TestConfigCheckAgreesWithTheStages in cmd/edgeagent/agent keeps the two
+// in step.
+const (
+	maxWindowsPerReading = 100
+	maxMetricsPerReading = 64
+)
+
+// gatewayIDPattern keeps the id one NATS subject token: a dot would split
+// it, and a stream bound to edge.*.aggregates (docs/uplink.md) would then
+// not capture the gateway's batches, which would wait in its outbox.
+var gatewayIDPattern = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 
 // validGatewayID reports whether id can go into subjects and topics.
-func validGatewayID(id string) bool {
-	return gatewayIDPattern.MatchString(id) &&
-		!strings.HasPrefix(id, ".") && !strings.HasSuffix(id, ".") && !strings.Contains(id, "..")
-}
+func validGatewayID(id string) bool { return gatewayIDPattern.MatchString(id) }
 
 // Validate checks every value and the rules between them. It returns nil
 // or an *Errors naming each bad key, with its line when the Config came
@@ -58,6 +67,12 @@ func (c *Config) Validate() error {
 type validator struct {
 	c    *Config
 	errs []*FieldError
+}
+
+// undecoded reports whether key's value in the file could not be decoded
+// (it was reported, and the key kept its default).
+func (v *validator) undecoded(key string) bool {
+	return v.c.src != nil && v.c.src.suppressed(key)
 }
 
 func (v *validator) add(key, format string, args ...any) {
@@ -98,11 +113,11 @@ func (v *validator) top() {
 	c := v.c
 	switch {
 	case c.GatewayID == "":
-		v.add("gateway_id", "required: every gateway must name itself (letters, digits, '.', '_', '-')")
-	case !gatewayIDPattern.MatchString(c.GatewayID):
-		v.add("gateway_id", "%q may only contain letters, digits, '.', '_' and '-' (it goes into NATS subjects and MQTT topics)", c.GatewayID)
+		v.add("gateway_id", "required: every gateway must name itself (letters, digits, '_', '-')")
+	case strings.Contains(c.GatewayID, "."):
+		v.add("gateway_id", "%q contains '.': the id is one NATS subject token (use '-' or '_' instead)", c.GatewayID)
 	case !validGatewayID(c.GatewayID):
-		v.add("gateway_id", "%q would put an empty token in NATS subjects: dots only between other characters", c.GatewayID)
+		v.add("gateway_id", "%q may only contain letters, digits, '_' and '-' (it goes into NATS subjects and MQTT topics)", c.GatewayID)
 	}
 	if c.DataDir == "" {
 		v.add("data_dir", "required")
@@ -135,7 +150,7 @@ func (v *validator) mqtt() {
 	}
 	v.atLeast("mqtt.embedded.max_pending_writes", m.Embedded.MaxPendingWrites, 1)
 	if m.Embedded.Listen != "" {
-		v.hostPort("mqtt.embedded.listen", m.Embedded.Listen)
+		v.hostPort("mqtt.embedded.listen", m.Embedded.Listen, "127.0.0.1:1883")
 	}
 	if m.Password != "" && m.Username == "" {
 		v.add("mqtt.password", "needs mqtt.username (MQTT sends a password only with a user name)")
@@ -254,11 +269,12 @@ func schemeList(s []string) []string {
 	return out
 }
 
-// hostPort checks a listen address and returns its host.
-func (v *validator) hostPort(key, s string) (string, bool) {
+// hostPort checks a listen address and returns its host; example is a
+// valid one for the key, for the message.
+func (v *validator) hostPort(key, s, example string) (string, bool) {
 	host, port, err := net.SplitHostPort(s)
 	if err != nil {
-		v.add(key, "must be host:port, e.g. 127.0.0.1:9464, not %q", s)
+		v.add(key, "must be host:port, e.g. %s, not %q", example, s)
 		return "", false
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
@@ -333,7 +349,7 @@ func (v *validator) status() {
 	if s.Listen == "" {
 		return
 	}
-	host, ok := v.hostPort("status.listen", s.Listen)
+	host, ok := v.hostPort("status.listen", s.Listen, "127.0.0.1:9464")
 	if ok && !isLoopback(host) && s.Token == "" {
 		where := "every interface"
 		if host != "" {
@@ -373,6 +389,12 @@ func (v *validator) readings() {
 			v.add(key, "%q is listed twice (also readings.metrics[%d])", m, j)
 		}
 		seen[m] = i
+		if m == r.EventID || m == r.EventTime {
+			v.add(key, "%q is also the event id or event time field", m)
+		}
+	}
+	if len(r.Metrics) > maxMetricsPerReading {
+		v.add("readings.metrics", "lists %d paths, at most %d", len(r.Metrics), maxMetricsPerReading)
 	}
 	v.positive("readings.max_future_skew", r.MaxFutureSkew)
 	v.positive("readings.max_past_skew", r.MaxPastSkew)
@@ -391,12 +413,16 @@ func (v *validator) window() {
 			v.add(d.key, "%s is not a whole number of milliseconds (window bounds are in milliseconds)", d.d)
 		}
 	}
-	if w.Size > 0 && w.Slide > 0 {
+	// A size or slide that failed to decode kept its default; comparing
+	// the other with that default would report a problem that is not there.
+	if w.Size > 0 && w.Slide > 0 && !v.undecoded("window.size") && !v.undecoded("window.slide") {
 		switch {
 		case w.Slide > w.Size:
 			v.add("window.slide", "%s is longer than window.size %s (windows would leave gaps)", w.Slide, w.Size)
 		case w.Size%w.Slide != 0:
 			v.add("window.slide", "window.size %s is not a multiple of %s (every reading must fall in the same number of windows)", w.Size, w.Slide)
+		case w.Size/w.Slide > maxWindowsPerReading:
+			v.add("window.slide", "%s is too small for window.size %s: a reading would fall in %d windows, at most %d", w.Slide, w.Size, w.Size/w.Slide, maxWindowsPerReading)
 		}
 	}
 	v.nonNegative("window.watermark_delay", w.WatermarkDelay)
@@ -422,7 +448,9 @@ func (v *validator) window() {
 
 func (v *validator) processing() {
 	p := v.c.Processing
-	v.positive("processing.trigger_interval", p.TriggerInterval)
+	if p.TriggerInterval < Duration(time.Millisecond) {
+		v.add("processing.trigger_interval", "must be at least 1ms, not %s", p.TriggerInterval)
+	}
 	v.positive("processing.checkpoint_interval", p.CheckpointInterval)
 	v.atLeast("processing.max_records_per_batch", p.MaxRecordsPerBatch, 1)
 	v.atLeast("processing.max_procs", p.MaxProcs, 0)
@@ -462,12 +490,18 @@ func (v *validator) uplink() {
 	v.tls("uplink.mqtt", m.TLS, false, scheme)
 
 	v.atLeast("uplink.max_batch_records", u.MaxBatchRecords, 1)
-	if u.MaxBatchBytes < 1<<10 {
+	switch {
+	case u.MaxBatchBytes < 1<<10:
 		v.add("uplink.max_batch_bytes", "must be at least 1KiB, not %s (one aggregate must fit in a batch)", u.MaxBatchBytes)
+	case u.MaxBatchBytes > 64<<20:
+		v.add("uplink.max_batch_bytes", "must be at most 64MiB, not %s (the receivers' decompression limit)", u.MaxBatchBytes)
 	}
 	v.oneOf("uplink.compression", u.Compression, "zstd", "none")
-	if u.MaxBytesPerSecond < 0 {
+	switch {
+	case u.MaxBytesPerSecond < 0:
 		v.add("uplink.max_bytes_per_second", "must not be negative (0 is unlimited)")
+	case u.MaxBytesPerSecond > 0 && u.MaxBytesPerSecond < 1<<10:
+		v.add("uplink.max_bytes_per_second", "must be 0 (unlimited) or at least 1KiB, not %s", u.MaxBytesPerSecond)
 	}
 	v.positive("uplink.ack_timeout", u.AckTimeout)
 	v.positive("uplink.reconnect_max_interval", u.ReconnectMaxInterval)
@@ -520,7 +554,7 @@ func (v *validator) natsSubject(key, s string) {
 		}
 		return
 	}
-	exp := topic.Expand(s, v.placeholderSamples())
+	exp := topic.Expand(s, map[string]string{"gateway_id": v.placeholderSamples()["gateway_id"]})
 	if strings.ContainsAny(exp, "{}") {
 		v.add(key, "%q: unknown placeholder (only {gateway_id} is replaced)", s)
 		return
@@ -530,8 +564,10 @@ func (v *validator) natsSubject(key, s string) {
 		case tok == "":
 			v.add(key, "%q has an empty token (a NATS subject is dot-separated words)", s)
 			return
-		case tok == "*" || tok == ">":
-			v.add(key, "%q: cannot publish to a wildcard subject", s)
+		case strings.ContainsAny(tok, "*>"):
+			// Wildcards are whole tokens, but a '*' or '>' inside a word
+			// is refused too: subscribers' tools read it as one.
+			v.add(key, "%q: cannot publish to a wildcard subject ('*' and '>' are not allowed)", s)
 			return
 		case strings.ContainsAny(tok, " \t\r\n"):
 			v.add(key, "%q: a NATS subject cannot contain spaces", s)

@@ -203,7 +203,14 @@ func (c *committer) commit(ctx context.Context, batch []pending, recs []buffer.R
 			c.stats.Commits.Add(1)
 			c.stats.CommitNanos.Add(uint64(lat))
 			c.stats.LastCommitNano.Store(int64(lat))
-			c.stats.Committed.Add(uint64(len(batch)))
+			// Messages only: a logged clock tick is not one.
+			msgs := 0
+			for i := range batch {
+				if batch[i].rec.Kind != buffer.KindTick {
+					msgs++
+				}
+			}
+			c.stats.Committed.Add(uint64(msgs))
 			if c.stats.Full.Swap(false) {
 				c.log.Info("bronze has room again; acknowledging resumes")
 			}

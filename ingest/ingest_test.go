@@ -412,12 +412,20 @@ func TestClockTicksWhenIdle(t *testing.T) {
 	var now atomic.Int64
 	now.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
 	cfg.Clock = func() time.Time { return time.Unix(0, now.Add(int64(time.Second))) }
-	startIngester(t, b, cfg)
+	in := startIngester(t, b, cfg)
 	var ticks []buffer.Record
 	mqtttest.WaitFor(t, 10*time.Second, "three ticks", func() bool {
 		ticks, _ = b.Read(1, 100)
 		return len(ticks) >= 3
 	})
+	// A tick is committed, but it is not a message.
+	if n := in.Stats().Committed.Load(); n != 0 {
+		t.Errorf("%d messages committed with only ticks in Bronze", n)
+	}
+	mqtttest.NewPublisher(t, "tcp://"+cfg.Embedded, "device-tick").Publish(t, "sensors/s1/telemetry", 1, []byte(`{"id":"t"}`))
+	if n := in.Stats().Committed.Load(); n != 1 {
+		t.Errorf("%d messages committed after one publish acknowledged, want 1", n)
+	}
 	for i, r := range ticks {
 		if r.Kind != buffer.KindTick {
 			t.Fatalf("record %d is %v, want tick", i, r.Kind)

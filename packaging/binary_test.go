@@ -138,7 +138,7 @@ func TestEmulatedVersion(t *testing.T) {
 }
 
 // TestEmulatedAgent runs the ARM binaries a gateway would run: config check
-// on the example config (what the unit's ExecStartPre does), the exit code
+// on the example config (the check run makes before it starts), the exit code
 // for a bad one (what RestartPreventExitStatus relies on), and a short run
 // with the built-in broker: QoS 1 readings published, SIGTERM, and the
 // readings found in the Bronze log the agent left behind.

@@ -276,8 +276,8 @@ func TestDebInstallScratchRoot(t *testing.T) {
 		t.Errorf("dpkg status %q, want %q", status, want)
 	}
 
-	// The installed binary accepts the installed config: what ExecStartPre
-	// runs on a fresh gateway.
+	// The installed binary accepts the installed config: the check run
+	// makes first on a fresh gateway.
 	bin := filepath.Join(root, "usr/bin/edgeagent")
 	if out := run(t, "", bin, "config", "check", "-c", conf); !strings.Contains(out, "is valid") {
 		t.Errorf("installed config check:\n%s", out)

@@ -47,8 +47,8 @@ func parseUnit(t *testing.T, path string) unitFile {
 }
 
 // TestSystemdUnit checks the settings the agent's operation depends on:
-// the paths the package installs, the config check before start, no
-// reload (the agent has none), a stop timeout above the agent's own 15 s
+// the paths the package installs, no ExecStartPre (the config check is
+// run's own, so RestartPreventExitStatus sees its exit 3), no reload (the agent has none), a stop timeout above the agent's own 15 s
 // drain, restart limits, the memory budget and the hardening.
 func TestSystemdUnit(t *testing.T) {
 	u := parseUnit(t, filepath.Join(repoRoot(t), "packaging", "edgeagent.service"))
@@ -61,7 +61,6 @@ func TestSystemdUnit(t *testing.T) {
 			"User":                     "edgeagent",
 			"Group":                    "edgeagent",
 			"EnvironmentFile":          "-/etc/default/edgeagent",
-			"ExecStartPre":             "/usr/bin/edgeagent config check -c /etc/edgeagent/config.yaml",
 			"ExecStart":                "/usr/bin/edgeagent run -c /etc/edgeagent/config.yaml",
 			"Restart":                  "on-failure",
 			"RestartPreventExitStatus": "3",
@@ -102,6 +101,9 @@ func TestSystemdUnit(t *testing.T) {
 	}
 	if sc := u["Service"]["SystemCallFilter"]; len(sc) == 0 || sc[0] != "@system-service" {
 		t.Errorf("SystemCallFilter=%v, want @system-service first", sc)
+	}
+	if _, ok := u["Service"]["ExecStartPre"]; ok {
+		t.Errorf("ExecStartPre is set: systemd restarts a unit whose ExecStartPre fails whatever RestartPreventExitStatus says (systemd#11868); run checks the config itself")
 	}
 	if _, ok := u["Service"]["ExecReload"]; ok {
 		t.Errorf("ExecReload is set, but the agent cannot reload its config")

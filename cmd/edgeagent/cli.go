@@ -67,8 +67,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "-h", "--help", "help":
 		if len(args) > 1 {
-			if c := lookup(args[1]); c != nil {
+			topic := strings.Join(args[1:], " ")
+			if c := lookup(topic); c != nil {
 				fmt.Fprint(stdout, c.usage)
+				return exitOK
+			}
+			if printGroup(stdout, topic) {
 				return exitOK
 			}
 		}
@@ -86,10 +90,39 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	c := lookup(name)
 	if c == nil {
+		// A group ("config", "inspect") lists its commands: on --help as the
+		// answer, otherwise as a usage error.
+		if len(rest) > 0 && (rest[0] == "-h" || rest[0] == "--help") && printGroup(stdout, name) {
+			return exitOK
+		}
+		if printGroup(stderr, name) {
+			return exitUsage
+		}
 		e.errorf("unknown command %q; run 'edgeagent help' for the list", strings.Join(args[:min(2, len(args))], " "))
 		return exitUsage
 	}
 	return c.run(ctx, e, rest)
+}
+
+// printGroup lists the commands whose first word is group, and reports
+// whether there were any.
+func printGroup(w io.Writer, group string) bool {
+	var cs []*command
+	for _, c := range commands {
+		if strings.HasPrefix(c.name, group+" ") {
+			cs = append(cs, c)
+		}
+	}
+	if len(cs) == 0 {
+		return false
+	}
+	sort.Slice(cs, func(i, j int) bool { return cs[i].name < cs[j].name })
+	fmt.Fprintf(w, "Usage: edgeagent %s COMMAND [flags]\n\nCommands:\n", group)
+	for _, c := range cs {
+		fmt.Fprintf(w, "  %-22s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, "\nRun 'edgeagent %s COMMAND --help' for a command's flags and examples.\n", group)
+	return true
 }
 
 func printUsage(w io.Writer) {
@@ -108,6 +141,11 @@ func newFlags(c *command, e *env) *flag.FlagSet {
 	fs.SetOutput(e.stderr)
 	fs.Usage = func() {
 		fmt.Fprint(e.stdout, c.usage)
+		n := 0
+		fs.VisitAll(func(*flag.Flag) { n++ })
+		if n == 0 {
+			return
+		}
 		fmt.Fprintln(e.stdout, "\nFlags:")
 		fs.SetOutput(e.stdout)
 		fs.PrintDefaults()
@@ -135,18 +173,28 @@ func parseFlags(fs *flag.FlagSet, args []string) (int, bool) {
 const defaultConfigPath = "/etc/edgeagent/config.yaml"
 
 // loadConfig loads the file and prints every error when it is invalid.
-func loadConfig(e *env, path string) (*config.Config, int) {
+// With checkFiles it also checks that the files the config names (TLS,
+// NATS credentials) can be read, so a missing certificate is reported with
+// its line before anything starts instead of failing a stage at start.
+func loadConfig(e *env, path string, checkFiles bool) (*config.Config, int) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		e.errorf("read config %s: %v", path, err)
 		return nil, exitConfig
 	}
-	cfg, err := config.Parse(path, data, configEnv())
+	lookup, envErr := configEnv()
+	cfg, err := config.Parse(path, data, lookup)
+	if err == nil && checkFiles {
+		err = cfg.CheckFiles()
+	}
 	if err != nil {
 		var errs *config.Errors
 		if errors.As(err, &errs) {
 			fmt.Fprintf(e.stderr, "edgeagent: %s is invalid (%d problem%s):\n", path, len(errs.List), plural(len(errs.List)))
 			fmt.Fprintln(e.stderr, errs.Error())
+			if envErr != nil {
+				fmt.Fprintf(e.stderr, "Note: the variables file was skipped (%v); run as root (sudo) if the config uses ${NAME} variables from it.\n", envErr)
+			}
 			fmt.Fprintf(e.stderr, "Fix the file and check it again with: edgeagent config check -c %s\n", path)
 			return nil, exitConfig
 		}
@@ -188,7 +236,9 @@ Runs the agent until SIGTERM or SIGINT, then finishes the batch in hand,
 flushes, closes the store and exits 0.
 
 With --once it processes everything already in Bronze, emits what is due,
-tries to deliver the outbox, and exits (the availableNow mode of batch jobs).
+tries to deliver the outbox for up to uplink.ack_timeout (at least 5s), and
+exits (the availableNow mode of batch jobs): 0 when the outbox is empty,
+1 when aggregates are left in it for the next run.
 
 Examples:
   edgeagent run -c /etc/edgeagent/config.yaml
@@ -200,15 +250,17 @@ Examples:
 	register(&command{
 		name:    "config check",
 		summary: "validate a config file and print the effective config",
-		usage: `Usage: edgeagent config check -c FILE
+		usage: `Usage: edgeagent config check -c FILE [--skip-files]
 
-Validates the file. When it is valid, prints the effective configuration
+Validates the file, and checks that the TLS and NATS credentials files it
+names can be read. When it is valid, prints the effective configuration
 (defaults filled in, secrets masked) and exits 0. Otherwise prints every
-problem with its file, line and key, and exits 3.
+problem with its file, line and key, and exits 3. With --skip-files the
+named files are not looked for: for checking a fleet config on a laptop.
 
 Examples:
   edgeagent config check -c /etc/edgeagent/config.yaml
-  GATEWAY=gw-17 edgeagent config check -c fleet.yaml
+  GATEWAY_ID=gw-17 edgeagent config check -c fleet.yaml --skip-files
 `,
 		run: configCheck,
 	})
@@ -229,7 +281,7 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
-	cfg, code := loadConfig(e, *path)
+	cfg, code := loadConfig(e, *path, true)
 	if cfg == nil {
 		return code
 	}
@@ -271,10 +323,11 @@ func configCheck(_ context.Context, e *env, args []string) int {
 	c := lookup("config check")
 	fs := newFlags(c, e)
 	path := fs.String("c", defaultConfigPath, "config file")
+	skipFiles := fs.Bool("skip-files", false, "do not check that the TLS and credentials files it names exist here (checking a fleet config on another machine)")
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
-	cfg, code := loadConfig(e, *path)
+	cfg, code := loadConfig(e, *path, !*skipFiles)
 	if cfg == nil {
 		return code
 	}

@@ -286,6 +286,28 @@ func TestVersionAndConfigCheck(t *testing.T) {
 			t.Errorf("errors lack %q:\n%s", want, out)
 		}
 	}
+
+	// A file the config names but this machine lacks: config check and run
+	// name its line and exit 3 before anything starts; --skip-files lets a
+	// fleet config be checked elsewhere.
+	creds := filepath.Join(dir, "missing.creds")
+	named := writeConfig(t, dir, "gateway_id: gw-01\ndata_dir: "+filepath.Join(dir, "data")+"\nmqtt:\n  subscriptions:\n    - topic: s/{device}\nuplink:\n  nats:\n    url: nats://127.0.0.1:1\n    creds_file: "+creds+"\n")
+	for _, args := range [][]string{{"config", "check", "-c", named}, {"run", "-c", named}} {
+		out, err = exec.Command(agentBin, args...).CombinedOutput()
+		if code := exitCode(err); code != exitConfig {
+			t.Fatalf("%s with a missing creds_file exited %d, want %d\n%s", args[0], code, exitConfig, out)
+		}
+		if want := "config.yaml:9: uplink.nats.creds_file: " + creds; !strings.Contains(string(out), want) {
+			t.Errorf("%s: output lacks %q:\n%s", args[0], want, out)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "data")); !os.IsNotExist(err) {
+		t.Errorf("run with a missing creds_file touched data_dir (stat: %v)", err)
+	}
+	out, err = exec.Command(agentBin, "config", "check", "-c", named, "--skip-files").CombinedOutput()
+	if err != nil {
+		t.Errorf("config check --skip-files: %v\n%s", err, out)
+	}
 }
 
 func exitCode(err error) int {
@@ -358,6 +380,13 @@ func TestConfigVariablesFromEnvironmentFile(t *testing.T) {
 	cmd.Env = append(os.Environ(), "EDGEAGENT_ENV_FILE=")
 	if out, err := cmd.CombinedOutput(); exitCode(err) != exitConfig || !strings.Contains(string(out), "GATEWAY_ID") {
 		t.Fatalf("an unset variable must be an error naming it: %v\n%s", err, out)
+	}
+	// A file that exists but cannot be read (a directory here: a test run
+	// as root reads a 0600 file) is named in a note under the errors.
+	cmd = exec.Command(agentBin, "config", "check", "-c", cfg)
+	cmd.Env = append(os.Environ(), "EDGEAGENT_ENV_FILE="+dir)
+	if out, err := cmd.CombinedOutput(); exitCode(err) != exitConfig || !strings.Contains(string(out), "Note: the variables file was skipped (read "+dir) {
+		t.Fatalf("an unreadable variables file must be named in a note: %v\n%s", err, out)
 	}
 }
 

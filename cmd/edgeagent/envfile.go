@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"errors"
+	"io/fs"
 	"os"
 	"strings"
 )
@@ -15,16 +17,22 @@ const defaultEnvFile = "/etc/default/edgeagent"
 
 // configEnv looks a variable up in the process environment first, then in
 // the environment file (NAME=value lines, # comments, optional quotes, as
-// systemd reads them). An unreadable file (not root) is skipped.
-func configEnv() func(string) (string, bool) {
+// systemd reads them). A missing file is no file; one that exists but
+// cannot be read (not root: the package installs it 0600) is skipped, and
+// unreadable says why, for a hint when the config then fails.
+func configEnv() (lookup func(string) (string, bool), unreadable error) {
 	path, set := os.LookupEnv("EDGEAGENT_ENV_FILE")
 	if !set {
 		path = defaultEnvFile
 	}
 	var file map[string]string
 	if path != "" {
-		if data, err := os.ReadFile(path); err == nil {
+		data, err := os.ReadFile(path)
+		switch {
+		case err == nil:
 			file = parseEnvFile(data)
+		case !errors.Is(err, fs.ErrNotExist):
+			unreadable = err
 		}
 	}
 	return func(name string) (string, bool) {
@@ -33,7 +41,7 @@ func configEnv() func(string) (string, bool) {
 		}
 		v, ok := file[name]
 		return v, ok
-	}
+	}, unreadable
 }
 
 func parseEnvFile(data []byte) map[string]string {

@@ -115,7 +115,7 @@ func statusTarget(e *env, path, addr string, explicitConfig bool) (string, strin
 	if _, err := os.Stat(path); err != nil && !explicitConfig {
 		return "127.0.0.1:9464", "", exitOK
 	}
-	cfg, code := loadConfig(e, path)
+	cfg, code := loadConfig(e, path, false)
 	if cfg == nil {
 		return "", "", code
 	}
@@ -225,21 +225,28 @@ func inspectCmd(ctx context.Context, e *env, table string, args []string) int {
 	device := fs.String("device", "", "only this device")
 	from := fs.String("from", "", "from this time (inclusive)")
 	to := fs.String("to", "", "to this time (exclusive)")
-	reason := fs.String("reason", "", "dead letters with this reason code only")
-	seq := fs.Uint64("seq", 0, "start at this sequence (bronze, outbox)")
+	// Only the filters a table applies: an ignored one would look applied.
+	var reason string
+	var seq uint64
+	if table == "deadletter" {
+		fs.StringVar(&reason, "reason", "", "dead letters with this reason code only")
+	}
+	if table == "bronze" || table == "outbox" {
+		fs.Uint64Var(&seq, "seq", 0, "start at this sequence")
+	}
 	limit := fs.Int("limit", 100, "at most this many rows")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
 	vals := url.Values{}
-	for k, v := range map[string]string{"device": *device, "from": *from, "to": *to, "reason": *reason} {
+	for k, v := range map[string]string{"device": *device, "from": *from, "to": *to, "reason": reason} {
 		if v != "" {
 			vals.Set(k, v)
 		}
 	}
-	if *seq > 0 {
-		vals.Set("seq", strconv.FormatUint(*seq, 10))
+	if seq > 0 {
+		vals.Set("seq", strconv.FormatUint(seq, 10))
 	}
 	vals.Set("limit", strconv.Itoa(*limit))
 	q, err := status.ParseQuery(vals.Get)
@@ -247,7 +254,7 @@ func inspectCmd(ctx context.Context, e *env, table string, args []string) int {
 		e.errorf("inspect %s: %v", table, err)
 		return exitUsage
 	}
-	cfg, code := loadConfig(e, *path)
+	cfg, code := loadConfig(e, *path, false)
 	if cfg == nil {
 		return code
 	}
@@ -331,7 +338,7 @@ func resetStateCmd(_ context.Context, e *env, args []string) int {
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
-	cfg, code := loadConfig(e, *path)
+	cfg, code := loadConfig(e, *path, false)
 	if cfg == nil {
 		return code
 	}
@@ -380,7 +387,7 @@ func replayCmd(_ context.Context, e *env, args []string) int {
 		e.errorf("--from %s is not before --to %s", from.Format(time.RFC3339), to.Format(time.RFC3339))
 		return exitUsage
 	}
-	cfg, code := loadConfig(e, *path)
+	cfg, code := loadConfig(e, *path, false)
 	if cfg == nil {
 		return code
 	}

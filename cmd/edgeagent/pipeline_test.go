@@ -138,10 +138,21 @@ uplink:
 	if err != nil || !strings.Contains(string(out), "end-to-end lag") || !strings.Contains(string(out), "nats up") || !strings.Contains(string(out), "on disk only") {
 		t.Errorf("edgeagent status: %v\n%s", err, out)
 	}
+	// Every table in one JSON style: snake_case names, RFC 3339 times.
 	out, err = exec.Command(agentBin, "inspect", "deadletter", "-c", cfgPath, "--json").Output()
 	var dls []map[string]any
-	if err != nil || json.Unmarshal(out, &dls) != nil || len(dls) != 1 || !strings.Contains(fmt.Sprint(dls[0]["Reason"]), "ts") {
+	if err != nil || json.Unmarshal(out, &dls) != nil || len(dls) != 1 || !strings.Contains(fmt.Sprint(dls[0]["reason"]), "ts") ||
+		dls[0]["code"] == nil || !isRFC3339(dls[0]["received_at"]) {
 		t.Errorf("inspect deadletter while running: %v %s", err, out)
+	}
+	out, err = exec.Command(agentBin, "inspect", "late", "-c", cfgPath, "--json").Output()
+	var lates []map[string]any
+	if err != nil || json.Unmarshal(out, &lates) != nil || len(lates) != 1 || lates[0]["device"] == nil || lates[0]["metric"] == nil ||
+		!isRFC3339(lates[0]["event_time"]) || !isRFC3339(lates[0]["window_start"]) || !isRFC3339(lates[0]["watermark"]) {
+		t.Errorf("inspect late while running: %v %s", err, out)
+	}
+	if out, err := exec.Command(agentBin, "inspect", "late", "-c", cfgPath, "--reason", "not_json").CombinedOutput(); exitCode(err) != exitUsage {
+		t.Errorf("inspect late --reason: a filter the table does not apply must be refused: %v %s", err, out)
 	}
 
 	p.stop(t)
@@ -155,6 +166,15 @@ uplink:
 	if exitCode(err) != exitFail || !strings.Contains(string(out), "not running") {
 		t.Errorf("status with the agent stopped: %v\n%s", err, out)
 	}
+}
+
+func isRFC3339(v any) bool {
+	s, ok := v.(string)
+	if !ok {
+		return false
+	}
+	_, err := time.Parse(time.RFC3339Nano, s)
+	return err == nil
 }
 
 func httpGet(t *testing.T, url string, wantCode int) string {

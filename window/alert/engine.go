@@ -286,7 +286,7 @@ func (e *Engine) Emitted(tx *bolt.Tx, a *wire.Aggregate, emittedAtMs int64) erro
 		return err
 	}
 	if e.aggTopic != nil {
-		payload, err := marshal(aggregateMessage(e.cfg.Gateway, a))
+		payload, err := marshal(AggregateMessageOf(e.cfg.Gateway, a))
 		if err != nil {
 			return err
 		}

@@ -114,7 +114,9 @@ func finitePtr(p *float64) *float64 {
 	return finite(*p)
 }
 
-func aggregateMessage(gateway string, a *wire.Aggregate) AggregateMessage {
+// AggregateMessageOf is a's local message: its JSON form, also the one
+// `edgeagent inspect outbox` shows.
+func AggregateMessageOf(gateway string, a *wire.Aggregate) AggregateMessage {
 	return AggregateMessage{
 		Type: TypeAggregate, Gateway: gateway, Device: a.Device, Metric: a.Metric,
 		Start: a.Start, End: a.End, Count: a.Count,

@@ -125,7 +125,7 @@ func Open(cfg *config.Config, opts Options) (*Agent, error) {
 	if err != nil {
 		a.Close()
 		if errors.Is(err, window.ErrIncompatibleState) {
-			return nil, &HintError{Err: err, Hint: fmt.Sprintf("the saved window state does not match the config; to rebuild it from Bronze run: edgeagent reset-state -c %s", opts.ConfigPath)}
+			return nil, &HintError{Err: err, Hint: fmt.Sprintf("the saved window state does not match the config; to rebuild it from Bronze run: edgeagent reset-state -c %s --yes", opts.ConfigPath)}
 		}
 		return nil, fmt.Errorf("open window stage: %w", err)
 	}
@@ -171,7 +171,8 @@ func OpenState(dataDir string, readOnly bool) (*bolt.DB, error) {
 			return nil, fmt.Errorf("open state %s: %w", path, err)
 		}
 	}
-	db, err := bolt.Open(path, 0o600, boltkv.Options(readOnly))
+	// Group-readable like Bronze (buffer.Open): the umask decides.
+	db, err := bolt.Open(path, 0o640, boltkv.Options(readOnly))
 	if err != nil {
 		if errors.Is(err, bolt.ErrTimeout) {
 			return nil, fmt.Errorf("open state %s: locked by another process (is the agent running?): %w", path, err)
@@ -250,8 +251,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	return runErr
 }
 
+// ErrUndelivered is returned by RunOnce when the outbox still holds
+// aggregates at its end: they are kept for the next run.
+var ErrUndelivered = errors.New("outbox not delivered")
+
 // RunOnce processes everything already in Bronze, flushes, tries to deliver
-// the outbox for up to the ack timeout, and returns (`run --once`).
+// the outbox for up to the ack timeout (at least 5 s), and returns (`run
+// --once`); an outbox left undelivered is an ErrUndelivered, so a job
+// runner sees that the aggregates have not reached the cloud yet.
 func (a *Agent) RunOnce(ctx context.Context) error {
 	if err := a.Stage.RunOnce(); err != nil {
 		return fmt.Errorf("window stage: %w", err)
@@ -263,25 +270,45 @@ func (a *Agent) RunOnce(ctx context.Context) error {
 	defer cancel()
 	errc := make(chan error, 1)
 	go func() { errc <- a.Uplink.Run(upCtx) }()
-	deadline := time.Now().Add(max(time.Duration(a.cfg.Uplink.AckTimeout), 5*time.Second))
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if a.outboxEmpty() {
-			break
+	wait := max(time.Duration(a.cfg.Uplink.AckTimeout), 5*time.Second)
+	deadline := time.Now().Add(wait)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	rows, sealed, err := a.outboxLeft()
+	for err == nil && rows+sealed > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
 		}
-		time.Sleep(50 * time.Millisecond)
+		rows, sealed, err = a.outboxLeft()
 	}
 	cancel()
-	return <-errc
+	if uerr := <-errc; uerr != nil {
+		return fmt.Errorf("uplink: %w", uerr)
+	}
+	switch {
+	case err != nil:
+		return err
+	case rows+sealed > 0:
+		st := a.Uplink.Stats()
+		return fmt.Errorf("%w: %d outbox rows and %d sealed batches were not acknowledged within %v (link %s, last error %q); they stay in the outbox for the next run",
+			ErrUndelivered, rows, sealed, wait, st.Link, st.LastError)
+	}
+	return nil
 }
 
-func (a *Agent) outboxEmpty() bool {
-	var rows uint64
-	err := a.State.View(func(tx *bolt.Tx) error {
+// outboxLeft returns the outbox rows not yet sealed and the batches sealed
+// but not acknowledged.
+func (a *Agent) outboxLeft() (rows, sealed uint64, err error) {
+	err = a.State.View(func(tx *bolt.Tx) error {
 		st, err := outbox.ReadStats(tx)
 		rows = st.Rows
 		return err
 	})
-	return err == nil && rows == 0 && a.Uplink.Stats().SealedBatches == 0
+	if err != nil {
+		return 0, 0, fmt.Errorf("read outbox: %w", err)
+	}
+	return rows, a.Uplink.Stats().SealedBatches, nil
 }
 
 // trimLoop applies Bronze retention behind the window checkpoint every 5 s,

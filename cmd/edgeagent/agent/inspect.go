@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"math"
 	"time"
 	"unicode/utf8"
 
@@ -14,20 +15,22 @@ import (
 	"github.com/edgeagent/edgeagent/internal/topic"
 	"github.com/edgeagent/edgeagent/uplink/wire"
 	"github.com/edgeagent/edgeagent/window"
+	"github.com/edgeagent/edgeagent/window/alert"
 )
 
 // Tables gives read-only views of the agent's tables. The running agent
 // serves them on /inspect/…; `edgeagent inspect` opens the files itself when
 // the agent is stopped.
 type Tables struct {
-	Bronze *buffer.Bronze
-	State  *bolt.DB
-	Subs   []*topic.Template
+	Bronze  *buffer.Bronze
+	State   *bolt.DB
+	Subs    []*topic.Template
+	Gateway string
 }
 
 // NewTables builds the views over opened files.
 func NewTables(cfg *config.Config, bronze *buffer.Bronze, state *bolt.DB) (*Tables, error) {
-	t := &Tables{Bronze: bronze, State: state}
+	t := &Tables{Bronze: bronze, State: state, Gateway: cfg.GatewayID}
 	for i, s := range cfg.MQTT.Subscriptions {
 		tp, err := s.Template()
 		if err != nil {
@@ -52,14 +55,45 @@ type BronzeRow struct {
 	PayloadLen int       `json:"payload_bytes"`
 }
 
+// The rows of every table share one JSON style: snake_case names, times
+// in RFC 3339 (UTC), payloads as text (hex when not UTF-8), and the
+// aggregates and alerts under the wire format's names.
+
+// LateRow is one late reading as shown by inspect.
+type LateRow struct {
+	Seq         uint64    `json:"seq"`
+	Device      string    `json:"device"`
+	Metric      string    `json:"metric"`
+	EventTime   time.Time `json:"event_time"`
+	WindowStart time.Time `json:"window_start"`
+	// Value is null when it is not a finite number (JSON has none).
+	Value *float64 `json:"value"`
+	// Watermark is the device watermark the lateness was judged against.
+	Watermark time.Time `json:"watermark"`
+}
+
 // OutboxRow is one unsent outbox entry.
 type OutboxRow struct {
-	Seq       uint64          `json:"seq"`
-	Kind      string          `json:"kind"`
-	EmittedAt time.Time       `json:"emitted_at"`
-	Aggregate *wire.Aggregate `json:"aggregate,omitempty"`
-	Alert     *wire.Alert     `json:"alert,omitempty"`
-	Bytes     int             `json:"bytes"`
+	Seq       uint64                  `json:"seq"`
+	Kind      string                  `json:"kind"`
+	EmittedAt time.Time               `json:"emitted_at"`
+	Aggregate *alert.AggregateMessage `json:"aggregate,omitempty"`
+	Alert     *OutboxAlert            `json:"alert,omitempty"`
+	Bytes     int                     `json:"bytes"`
+}
+
+// OutboxAlert is an alert transition waiting in the outbox, under the wire
+// format's names.
+type OutboxAlert struct {
+	Rule       string   `json:"rule"`
+	Device     string   `json:"device"`
+	Metric     string   `json:"metric"`
+	Start      int64    `json:"start"`
+	State      string   `json:"state"`
+	Severity   string   `json:"severity,omitempty"`
+	Value      *float64 `json:"value"`
+	Key        string   `json:"key"`
+	Suppressed uint32   `json:"suppressed,omitempty"`
 }
 
 // Inspect implements status.Source's table views.
@@ -67,36 +101,72 @@ func (t *Tables) Inspect(table string, q status.Query) (any, error) {
 	if q.Limit <= 0 {
 		q.Limit = 100
 	}
+	// A filter the table does not apply is refused rather than ignored.
+	if q.Reason != "" && table != "deadletter" {
+		return nil, fmt.Errorf("%w: reason filters dead letters only", status.ErrBadQuery)
+	}
+	if q.Seq != 0 && (table == "late" || table == "deadletter") {
+		return nil, fmt.Errorf("%w: seq applies to bronze and outbox only", status.ErrBadQuery)
+	}
 	switch table {
 	case "bronze":
 		return t.bronze(q)
 	case "late":
-		var rows []window.Late
+		var late []window.Late
 		err := t.State.View(func(tx *bolt.Tx) error {
 			var err error
-			rows, err = window.ReadLate(tx, window.Filter{Device: q.Device, From: q.From, To: q.To}, q.Limit)
+			late, err = window.ReadLate(tx, window.Filter{Device: q.Device, From: q.From, To: q.To}, q.Limit)
 			return err
 		})
-		return nonNil(rows), err
+		rows := make([]LateRow, len(late))
+		for i, l := range late {
+			rows[i] = LateRow{Seq: l.Seq, Device: l.Device, Metric: l.Metric,
+				EventTime: time.UnixMilli(l.EventTime).UTC(), WindowStart: time.UnixMilli(l.WindowStart).UTC(),
+				Value: finite(l.Value), Watermark: time.UnixMilli(l.Watermark).UTC()}
+		}
+		return rows, err
 	case "deadletter":
-		var rows []window.DeadLetter
+		var dead []window.DeadLetter
 		err := t.State.View(func(tx *bolt.Tx) error {
 			var err error
-			rows, err = window.ReadDeadLetters(tx, window.Filter{Device: q.Device, From: q.From, To: q.To, Reason: q.Reason}, q.Limit)
+			dead, err = window.ReadDeadLetters(tx, window.Filter{Device: q.Device, From: q.From, To: q.To, Reason: q.Reason}, q.Limit)
 			return err
 		})
-		return nonNil(rows), err
+		rows := make([]status.DeadLetter, len(dead))
+		for i := range dead {
+			rows[i] = deadLetterRow(&dead[i])
+		}
+		return rows, err
 	case "outbox":
 		return t.outbox(q)
 	}
 	return nil, fmt.Errorf("%w: %q", status.ErrUnknownTable, table)
 }
 
-func nonNil[T any](rows []T) []T {
-	if rows == nil {
-		return []T{}
+// deadLetterRow is a dead letter as inspect and /status.json show it.
+func deadLetterRow(d *window.DeadLetter) status.DeadLetter {
+	return status.DeadLetter{Seq: d.Seq, Topic: d.Topic, Device: d.Device,
+		ReceivedAt: time.Unix(0, d.ReceivedAt).UTC(), Code: d.Code, Reason: d.Reason, Payload: payloadText(d.Payload, len(d.Payload))}
+}
+
+// payloadText is up to max bytes of p as text, or in hex when they are not
+// UTF-8.
+func payloadText(p []byte, max int) string {
+	if len(p) > max {
+		p = p[:max]
 	}
-	return rows
+	if utf8.Valid(p) {
+		return string(p)
+	}
+	return fmt.Sprintf("%x", p)
+}
+
+// finite returns &v, or nil when v is NaN or infinite.
+func finite(v float64) *float64 {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return nil
+	}
+	return &v
 }
 
 func (t *Tables) device(topicName string) string {
@@ -119,18 +189,8 @@ func (t *Tables) bronze(q status.Query) ([]BronzeRow, error) {
 		if q.Device != "" && dev != q.Device {
 			return true
 		}
-		row := BronzeRow{Seq: r.Seq, Kind: r.Kind.String(), ReceivedAt: at, Topic: r.Topic, Device: dev,
-			QoS: r.QoS, Retained: r.Retained, Reason: r.Reason, PayloadLen: len(r.Payload)}
-		p := r.Payload
-		if len(p) > 512 {
-			p = p[:512]
-		}
-		if utf8.Valid(p) {
-			row.Payload = string(p)
-		} else {
-			row.Payload = fmt.Sprintf("%x", p)
-		}
-		rows = append(rows, row)
+		rows = append(rows, BronzeRow{Seq: r.Seq, Kind: r.Kind.String(), ReceivedAt: at, Topic: r.Topic, Device: dev,
+			QoS: r.QoS, Retained: r.Retained, Reason: r.Reason, Payload: payloadText(r.Payload, 512), PayloadLen: len(r.Payload)})
 		return len(rows) < q.Limit
 	})
 	return rows, err
@@ -139,39 +199,53 @@ func (t *Tables) bronze(q status.Query) ([]BronzeRow, error) {
 func (t *Tables) outbox(q status.Query) ([]OutboxRow, error) {
 	rows := []OutboxRow{}
 	err := t.State.View(func(tx *bolt.Tx) error {
-		entries, err := outbox.Read(tx, q.Seq, q.Limit)
-		if err != nil {
-			return err
-		}
-		for _, e := range entries {
-			row := OutboxRow{Seq: e.Seq, EmittedAt: time.UnixMilli(e.EmittedAt).UTC(), Bytes: len(e.Data)}
-			switch e.Kind {
-			case outbox.KindAggregate:
-				row.Kind = "aggregate"
-				var a wire.Aggregate
-				if err := wire.DecodeAggregate(e.Data, &a); err != nil {
-					return fmt.Errorf("outbox row %d: %w", e.Seq, err)
-				}
-				if q.Device != "" && a.Device != q.Device {
-					continue
-				}
-				row.Aggregate = &a
-			case outbox.KindAlert:
-				row.Kind = "alert"
-				var a wire.Alert
-				if err := wire.DecodeAlert(e.Data, &a); err != nil {
-					return fmt.Errorf("outbox row %d: %w", e.Seq, err)
-				}
-				if q.Device != "" && a.Device != q.Device {
-					continue
-				}
-				row.Alert = &a
-			default:
-				row.Kind = "local"
+		// Page through until limit rows pass the filters.
+		for from := q.Seq; len(rows) < q.Limit; {
+			entries, err := outbox.Read(tx, from, q.Limit)
+			if err != nil || len(entries) == 0 {
+				return err
 			}
-			rows = append(rows, row)
+			from = entries[len(entries)-1].Seq + 1
+			for _, e := range entries {
+				if row, ok, err := t.outboxRow(e, q); err != nil {
+					return err
+				} else if ok && len(rows) < q.Limit {
+					rows = append(rows, row)
+				}
+			}
 		}
 		return nil
 	})
 	return rows, err
+}
+
+// outboxRow is e's row, and whether it passes q's filters.
+func (t *Tables) outboxRow(e outbox.Entry, q status.Query) (OutboxRow, bool, error) {
+	at := time.UnixMilli(e.EmittedAt).UTC()
+	if (!q.From.IsZero() && at.Before(q.From)) || (!q.To.IsZero() && !at.Before(q.To)) {
+		return OutboxRow{}, false, nil
+	}
+	row := OutboxRow{Seq: e.Seq, EmittedAt: at, Bytes: len(e.Data)}
+	switch e.Kind {
+	case outbox.KindAggregate:
+		row.Kind = "aggregate"
+		var a wire.Aggregate
+		if err := wire.DecodeAggregate(e.Data, &a); err != nil {
+			return row, false, fmt.Errorf("outbox row %d: %w", e.Seq, err)
+		}
+		m := alert.AggregateMessageOf(t.Gateway, &a)
+		row.Aggregate = &m
+		return row, q.Device == "" || a.Device == q.Device, nil
+	case outbox.KindAlert:
+		row.Kind = "alert"
+		var a wire.Alert
+		if err := wire.DecodeAlert(e.Data, &a); err != nil {
+			return row, false, fmt.Errorf("outbox row %d: %w", e.Seq, err)
+		}
+		row.Alert = &OutboxAlert{Rule: a.Rule, Device: a.Device, Metric: a.Metric, Start: a.Start, State: a.State,
+			Severity: a.Severity, Value: finite(a.Value), Key: a.Key, Suppressed: a.Suppressed}
+		return row, q.Device == "" || a.Device == q.Device, nil
+	}
+	row.Kind = "local"
+	return row, q.Device == "", nil
 }

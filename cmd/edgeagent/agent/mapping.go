@@ -101,7 +101,7 @@ func uplinkConfig(cfg *config.Config, log *slog.Logger, clock func() time.Time) 
 		MaxBytesPerSecond: int64(u.MaxBytesPerSecond),
 		AckTimeout:        time.Duration(u.AckTimeout),
 		ReconnectMax:      time.Duration(u.ReconnectMaxInterval),
-		Logger:            log.With("component", "uplink"),
+		Logger:            log, // the uplink adds component=uplink itself
 		Clock:             clock,
 	}
 	tls := func(t config.TLS) uplink.TLSConfig {

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"time"
-	"unicode/utf8"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -114,13 +113,8 @@ func (s *statusSource) Snapshot() status.Snapshot {
 			snap.Outbox.OldestAge = now.Sub(time.UnixMilli(st.Oldest)).Seconds()
 		}
 		dls, err := window.ReadDeadLetters(tx, window.Filter{}, 10)
-		for _, d := range dls {
-			p := d.Payload
-			if !utf8.Valid(p) {
-				p = nil
-			}
-			snap.DeadLetters = append(snap.DeadLetters, status.DeadLetter{Seq: d.Seq, Topic: d.Topic, Device: d.Device,
-				ReceivedAt: time.Unix(0, d.ReceivedAt).UTC(), Code: d.Code, Reason: d.Reason, Payload: string(p)})
+		for i := range dls {
+			snap.DeadLetters = append(snap.DeadLetters, deadLetterRow(&dls[i]))
 		}
 		return err
 	})

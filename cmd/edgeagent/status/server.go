@@ -201,7 +201,8 @@ func (s *Server) Current() Snapshot {
 		}
 	}
 	s.mu.Unlock()
-	snap.Warnings = Warnings(&snap, s.cfg.TriggerInterval)
+	// [] rather than null in JSON when all is well.
+	snap.Warnings = append([]string{}, Warnings(&snap, s.cfg.TriggerInterval)...)
 	return snap
 }
 
@@ -321,8 +322,11 @@ func (s *Server) inspect(w http.ResponseWriter, r *http.Request) {
 	rows, err := s.src.Inspect(r.PathValue("table"), q)
 	if err != nil {
 		code := http.StatusInternalServerError
-		if errors.Is(err, ErrUnknownTable) {
+		switch {
+		case errors.Is(err, ErrUnknownTable):
 			code = http.StatusNotFound
+		case errors.Is(err, ErrBadQuery):
+			code = http.StatusBadRequest
 		}
 		http.Error(w, err.Error(), code)
 		return
@@ -332,6 +336,9 @@ func (s *Server) inspect(w http.ResponseWriter, r *http.Request) {
 
 // ErrUnknownTable is returned by Inspect for a table it does not know.
 var ErrUnknownTable = errors.New("status: unknown table (want bronze, late, deadletter or outbox)")
+
+// ErrBadQuery is returned by Inspect for a filter the table does not apply.
+var ErrBadQuery = errors.New("status: bad inspect query")
 
 // ParseQuery reads inspect filters from URL query values (get returns ""
 // when absent): device, from, to (RFC 3339), reason, seq, limit.

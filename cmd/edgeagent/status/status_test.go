@@ -40,6 +40,9 @@ func (f *fakeSource) Inspect(table string, q Query) (any, error) {
 	if table != "late" {
 		return nil, ErrUnknownTable
 	}
+	if q.Reason != "" {
+		return nil, ErrBadQuery
+	}
 	return []map[string]any{{"device": q.Device, "limit": q.Limit}}, nil
 }
 
@@ -205,6 +208,24 @@ func TestInspectEndpoint(t *testing.T) {
 	}
 	if code, body := get(t, "http://"+s.Addr()+"/inspect/late?from=yesterday", ""); code != 400 || !strings.Contains(body, "RFC 3339") {
 		t.Errorf("bad time: %d %s", code, body)
+	}
+	if code, body := get(t, "http://"+s.Addr()+"/inspect/late?reason=not_json", ""); code != 400 {
+		t.Errorf("a filter the table does not apply: %d %s, want 400", code, body)
+	}
+}
+
+// All well: "warnings" is an empty list, not null, for scripts.
+func TestStatusJSONWarningsNeverNull(t *testing.T) {
+	snap := Snapshot{Gateway: "gw-7"}
+	snap.Ingest.Connected = true
+	snap.Uplink.State = "up"
+	if w := Warnings(&snap, time.Second); len(w) != 0 {
+		t.Fatalf("the healthy snapshot has warnings: %v", w)
+	}
+	s := startServer(t, Config{}, &fakeSource{snap: snap, ready: true})
+	code, body := get(t, "http://"+s.Addr()+"/status.json", "")
+	if code != 200 || strings.Contains(body, `"warnings": null`) || !strings.Contains(body, `"warnings": [`) {
+		t.Errorf("/status.json: %d %s", code, body)
 	}
 }
 
