@@ -107,11 +107,13 @@ func (s *Stats) setErr(err error) {
 	s.mu.Unlock()
 }
 
-// Rejected returns the count of refused messages by reason code.
+// Rejected returns the count of refused messages by reason code. Every
+// code is there, at zero until counted, so that a series exists (and a
+// Prometheus rate() works) before the first rejection.
 func (s *Stats) Rejected() map[string]uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make(map[string]uint64, len(s.rejected))
+	out := map[string]uint64{ReasonOversized: 0, ReasonBadTopic: 0, ReasonNoTemplate: 0}
 	for k, v := range s.rejected {
 		out[k] = v
 	}

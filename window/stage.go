@@ -520,7 +520,11 @@ func (s *Stage) publish(res StepResult, batch bool) {
 func (s *Stage) Stats() Stats {
 	s.statsMu.Lock()
 	st := s.stats
-	st.DeadLetters = make(map[string]uint64, len(s.stats.DeadLetters))
+	// Every code, at zero until counted: its series exists from the start.
+	st.DeadLetters = make(map[string]uint64, len(Codes))
+	for _, c := range Codes {
+		st.DeadLetters[c] = 0
+	}
 	for k, v := range s.stats.DeadLetters {
 		st.DeadLetters[k] = v
 	}

@@ -122,7 +122,9 @@ uplink:
 		t.Errorf("status.json does not reflect the run: %+v", snap)
 	}
 	metrics := httpGet(t, "http://"+statusAddr+"/metrics", 200)
-	for _, m := range []string{"edgeagent_ingest_messages_received_total 78", "edgeagent_late_readings_total 1", "edgeagent_duplicate_readings_total 1", "edgeagent_uplink_up 1", "# TYPE edgeagent_dead_letters_total counter"} {
+	for _, m := range []string{"edgeagent_ingest_messages_received_total 78", "edgeagent_late_readings_total 1", "edgeagent_duplicate_readings_total 1", "edgeagent_uplink_up 1", "# TYPE edgeagent_dead_letters_total counter",
+		// Every reason's series exists before its first count.
+		`edgeagent_dead_letters_total{reason="not_cbor"} 0`, `edgeagent_ingest_rejected_total{reason="payload_too_large"} 0`} {
 		if !strings.Contains(metrics, m) {
 			t.Errorf("/metrics lacks %q", m)
 		}
