@@ -134,8 +134,8 @@ type Readings struct {
 	MaxPastSkew   Duration `yaml:"max_past_skew"`
 }
 
-// Window configures event-time windowing. Changing Size, Slide or
-// Aggregates makes saved window state incompatible.
+// Window configures event-time windowing. Changing Size or Slide makes
+// saved window state incompatible.
 type Window struct {
 	Size            Duration `yaml:"size"`
 	Slide           Duration `yaml:"slide"`
@@ -297,14 +297,17 @@ func Default() *Config {
 			MaxPastSkew:   Duration(720 * time.Hour),
 		},
 		Window: Window{
+			// In a file, Slide, IdleTimeout and DeviceExpiry follow the
+			// size unless written (ApplyDerived); these are their values
+			// for the default size.
 			Size:            Duration(time.Minute),
 			Slide:           Duration(time.Minute),
 			WatermarkDelay:  Duration(10 * time.Second),
 			AllowedLateness: Duration(10 * time.Minute),
-			IdleTimeout:     Duration(2 * time.Minute),
+			IdleTimeout:     DefaultIdleTimeout,
 			Aggregates:      []string{"count", "sum", "min", "max", "mean", "first", "last"},
 			MaxDevices:      100000,
-			DeviceExpiry:    Duration(24 * time.Hour),
+			DeviceExpiry:    DefaultDeviceExpiry,
 		},
 		Processing: Processing{
 			TriggerInterval:    Duration(time.Second),
@@ -330,11 +333,43 @@ func Default() *Config {
 	}
 }
 
+// The floors of the window defaults derived from the size.
+const (
+	DefaultIdleTimeout  = Duration(2 * time.Minute)
+	DefaultDeviceExpiry = Duration(24 * time.Hour)
+)
+
+// written reports whether key was set in the file the config came from.
+func (c *Config) written(key string) bool {
+	if c.src == nil {
+		return false
+	}
+	_, ok := c.src.pos[key]
+	return ok
+}
+
 // ApplyDerived fills the defaults that depend on other fields: the MQTT
-// client ids (from gateway_id) and each alert's clear_when (the negation of
-// its when). Parse calls it; call it after building or editing a Config in
-// code. Values already set are kept.
+// client ids (from gateway_id), each alert's clear_when (the negation of
+// its when) and, in a config parsed from a file, the window settings that
+// follow window.size when the file does not write them: slide = size,
+// idle_timeout = max(2m, size + watermark_delay), device_expiry =
+// max(24h, 2 × (idle_timeout + allowed_lateness)). Parse calls it; call it
+// after building or editing a Config in code. Values already set are kept.
 func (c *Config) ApplyDerived() {
+	// So that writing only size: 5m gives tumbling 5m windows that no idle
+	// close cuts short, and a day's window does not fail the device_expiry
+	// rule it never wrote.
+	if w := &c.Window; c.src != nil {
+		if !c.written("window.slide") {
+			w.Slide = w.Size
+		}
+		if !c.written("window.idle_timeout") {
+			w.IdleTimeout = max(DefaultIdleTimeout, w.Size+w.WatermarkDelay)
+		}
+		if !c.written("window.device_expiry") {
+			w.DeviceExpiry = max(DefaultDeviceExpiry, 2*(w.IdleTimeout+w.AllowedLateness))
+		}
+	}
 	if c.GatewayID != "" {
 		if c.MQTT.ClientID == "" {
 			c.MQTT.ClientID = "edgeagent-" + c.GatewayID

@@ -588,3 +588,26 @@ func TestEnvPlaceholderCollision(t *testing.T) {
 		t.Errorf("name = %q, want %q", c.Alerts[0].Name, want)
 	}
 }
+
+// Unwritten slide, idle_timeout and device_expiry follow window.size, so
+// that writing only the size gives tumbling windows of that size which no
+// idle close cuts short; written values are kept.
+func TestWindowDefaultsFollowSize(t *testing.T) {
+	for _, tc := range []struct {
+		yaml                string
+		slide, idle, expiry string
+	}{
+		{"window: {size: 1m}", "1m", "2m", "24h"},
+		{"window: {size: 5m}", "5m", "5m10s", "24h"},
+		{"window: {size: 24h, watermark_delay: 1m}", "24h", "24h1m", "48h22m"},
+		{"window: {size: 10m, slide: 5m, idle_timeout: 3m, device_expiry: 1h}", "5m", "3m", "1h"},
+		{"window: {size: 1h, allowed_lateness: 0s}", "1h", "1h0m10s", "24h"},
+	} {
+		c := mustParse(t, minimal+tc.yaml+"\n")
+		w := c.Window
+		if w.Slide.String() != tc.slide || w.IdleTimeout.String() != tc.idle || w.DeviceExpiry.String() != tc.expiry {
+			t.Errorf("%s: slide %s, idle_timeout %s, device_expiry %s; want %s, %s, %s",
+				tc.yaml, w.Slide, w.IdleTimeout, w.DeviceExpiry, tc.slide, tc.idle, tc.expiry)
+		}
+	}
+}

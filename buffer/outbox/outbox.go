@@ -206,6 +206,27 @@ func ReadStats(tx *bolt.Tx) (Stats, error) {
 	return s, nil
 }
 
+// CountKind returns how many entries of kind k the outbox holds, by a scan
+// of every row (the meta counts do not split by kind): for occasional use,
+// such as the end of `run --once`.
+func CountKind(tx *bolt.Tx, k Kind) (uint64, error) {
+	b := tx.Bucket(bucketRows)
+	if b == nil {
+		return 0, nil
+	}
+	var n uint64
+	c := b.Cursor()
+	for key, v := c.First(); key != nil; key, v = c.Next() {
+		if len(v) == 0 {
+			return n, fmt.Errorf("%w: key %x", ErrCorrupt, key)
+		}
+		if Kind(v[0]) == k {
+			n++
+		}
+	}
+	return n, nil
+}
+
 // decode decodes an entry's key and header; its data is v[n:], which the
 // caller copies if it must outlive the transaction.
 func decode(k, v []byte) (e Entry, n int, err error) {

@@ -210,3 +210,32 @@ func TestAppenderInterleavedKeepsStats(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestCountKind(t *testing.T) {
+	db := openDB(t)
+	err := db.Update(func(tx *bolt.Tx) error {
+		if err := Init(tx); err != nil {
+			return err
+		}
+		for i, k := range []Kind{KindAggregate, KindLocal, KindAlert, KindLocal, KindLocal} {
+			if _, err := Append(tx, k, int64(i), []byte("x")); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.View(func(tx *bolt.Tx) error {
+		for k, want := range map[Kind]uint64{KindLocal: 3, KindAggregate: 1, KindAlert: 1} {
+			if n, err := CountKind(tx, k); err != nil || n != want {
+				t.Errorf("CountKind(%v) = %d, %v; want %d", k, n, err, want)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -3,6 +3,8 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -19,8 +21,9 @@ func TestLocalAlertWithUplinkDown(t *testing.T) {
 	dir := t.TempDir()
 	mqttAddr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
 	deadNATS := fmt.Sprintf("nats://127.0.0.1:%d", mqtttest.FreePort(t)) // nothing listens: the link is down
+	statusAddr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
 	cfgPath := writeConfig(t, dir, embeddedAgentConfig("alert-gw", dir, mqttAddr)+fmt.Sprintf(`
-status: {listen: ""}
+status: {listen: "%s"}
 window: {size: 1m, watermark_delay: 0s, allowed_lateness: 0s, idle_timeout: 1h}
 processing: {trigger_interval: 100ms}
 uplink:
@@ -37,7 +40,7 @@ alerts:
     min_interval: 0s
 local_publish:
   alerts_topic: edgeagent/{gateway_id}/alerts/{device}
-`, deadNATS))
+`, statusAddr, deadNATS))
 	p := startAgent(t, "run", "-c", cfgPath)
 	p.waitLog(t, "embedded broker listening")
 
@@ -78,6 +81,22 @@ local_publish:
 		defer mu.Unlock()
 		return len(got) >= 2
 	})
+	// The alert figures an operator watches, on /metrics.
+	want := []string{"edgeagent_alert_rules 1", "edgeagent_alerts_firing 0", `edgeagent_alerts_firing_by_rule{rule="overheating"} 0`,
+		"edgeagent_alerts_fired_total 1", "edgeagent_alerts_cleared_total 1", "edgeagent_local_messages_published_total 2",
+		"edgeagent_local_publish_failures_total 0", "edgeagent_late_rows_evicted_total 0", "edgeagent_devices_expired_total 0"}
+	mqtttest.WaitFor(t, 10*time.Second, "alert figures on /metrics", func() bool {
+		m := httpGet(t, "http://"+statusAddr+"/metrics", 200)
+		for _, w := range want {
+			if !strings.Contains(m, w+"\n") {
+				return false
+			}
+		}
+		return true
+	})
+	if out, err := exec.Command(agentBin, "status", "-c", cfgPath).CombinedOutput(); err != nil || !strings.Contains(string(out), "0 firing of 1 rules; 1 fired, 1 cleared") {
+		t.Errorf("edgeagent status lacks the alerts row: %v\n%s", err, out)
+	}
 	p.stop(t)
 	mu.Lock()
 	defer mu.Unlock()

@@ -236,9 +236,11 @@ Runs the agent until SIGTERM or SIGINT, then finishes the batch in hand,
 flushes, closes the store and exits 0.
 
 With --once it processes everything already in Bronze, emits what is due,
-tries to deliver the outbox for up to uplink.ack_timeout (at least 5s), and
-exits (the availableNow mode of batch jobs): 0 when the outbox is empty,
-1 when aggregates are left in it for the next run.
+tries to deliver the outbox to the uplink for up to uplink.ack_timeout (at
+least 5s), and exits (the availableNow mode of batch jobs): 0 when every
+aggregate and alert was acknowledged, 1 when some are left in the outbox for
+the next run. Local messages (local_publish) wait for the next run of the
+agent.
 
 Examples:
   edgeagent run -c /etc/edgeagent/config.yaml

@@ -212,6 +212,10 @@ func printStatus(w io.Writer, s *status.Snapshot, color bool) {
 		{"Bronze", fmt.Sprintf("%d records, %s of %s", s.Bronze.Records, status.Bytes(s.Bronze.Bytes), status.Bytes(s.Bronze.MaxBytes))},
 		{"late / duplicates / dead letters", fmt.Sprintf("%d / %d / %d", s.Window.LateTotal, s.Window.DuplicatesTotal, s.Window.DeadLettersTotal)},
 	}
+	if al := s.Alerts; al != nil {
+		rows = append(rows, [2]string{"alerts", fmt.Sprintf("%d firing of %d rules; %d fired, %d cleared, %d suppressed; local messages %d queued, %d published, %d failures",
+			al.Firing, al.Rules, al.FiredTotal, al.ClearedTotal, al.SuppressedTotal, al.LocalQueuedTotal, al.LocalPublishedTotal, al.LocalFailuresTotal)})
+	}
 	for _, r := range rows {
 		fmt.Fprintf(tw, "%s\t%s\n", r[0], r[1])
 	}

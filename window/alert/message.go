@@ -1,6 +1,7 @@
 package alert
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -126,10 +127,15 @@ func AggregateMessageOf(gateway string, a *wire.Aggregate) AggregateMessage {
 	}
 }
 
+// marshal encodes a local message as json.Marshal does, except that <, >
+// and & stay literal: the messages go to PLCs and HMIs, never into HTML,
+// and a condition should read "mean > 80", not "mean \u003e 80".
 func marshal(v any) ([]byte, error) {
-	b, err := json.Marshal(v)
-	if err != nil {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
 		return nil, fmt.Errorf("alert: encode local message: %w", err)
 	}
-	return b, nil
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil // Encode ends each value with a newline
 }

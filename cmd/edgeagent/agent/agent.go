@@ -251,19 +251,29 @@ func (a *Agent) Run(ctx context.Context) error {
 	return runErr
 }
 
-// ErrUndelivered is returned by RunOnce when the outbox still holds
-// aggregates at its end: they are kept for the next run.
+// ErrUndelivered is returned by RunOnce when aggregates or alerts are left
+// in the outbox at its end: they are kept for the next run.
 var ErrUndelivered = errors.New("outbox not delivered")
 
 // RunOnce processes everything already in Bronze, flushes, tries to deliver
-// the outbox for up to the ack timeout (at least 5 s), and returns (`run
-// --once`); an outbox left undelivered is an ErrUndelivered, so a job
-// runner sees that the aggregates have not reached the cloud yet.
+// the outbox to the uplink for up to the ack timeout (at least 5 s), and
+// returns (`run --once`). Aggregates or alerts left undelivered are an
+// ErrUndelivered, so a job runner sees that they have not reached the cloud
+// yet. Local messages are not published: they are for live subscribers on
+// the gateway's broker (which, when it is the built-in one, does not run
+// here), and wait for the next run of the agent.
 func (a *Agent) RunOnce(ctx context.Context) error {
 	if err := a.Stage.RunOnce(); err != nil {
 		return fmt.Errorf("window stage: %w", err)
 	}
 	if a.Uplink == nil {
+		n, _, err := a.outboxLeft()
+		switch {
+		case err != nil:
+			return err
+		case n > 0:
+			return fmt.Errorf("%w: %d aggregates and alerts wait for an uplink (none is configured)", ErrUndelivered, n)
+		}
 		return nil
 	}
 	upCtx, cancel := context.WithCancel(ctx)
@@ -272,7 +282,8 @@ func (a *Agent) RunOnce(ctx context.Context) error {
 	go func() { errc <- a.Uplink.Run(upCtx) }()
 	wait := max(time.Duration(a.cfg.Uplink.AckTimeout), 5*time.Second)
 	deadline := time.Now().Add(wait)
-	tick := time.NewTicker(50 * time.Millisecond)
+	// A scan of the outbox a poll: kept to a few a second.
+	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	rows, sealed, err := a.outboxLeft()
 	for err == nil && rows+sealed > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
@@ -291,24 +302,31 @@ func (a *Agent) RunOnce(ctx context.Context) error {
 		return err
 	case rows+sealed > 0:
 		st := a.Uplink.Stats()
-		return fmt.Errorf("%w: %d outbox rows and %d sealed batches were not acknowledged within %v (link %s, last error %q); they stay in the outbox for the next run",
+		return fmt.Errorf("%w: %d aggregates and alerts in the outbox and %d sealed batches were not acknowledged within %v (link %s, last error %q); they stay in the outbox for the next run",
 			ErrUndelivered, rows, sealed, wait, st.Link, st.LastError)
 	}
 	return nil
 }
 
-// outboxLeft returns the outbox rows not yet sealed and the batches sealed
-// but not acknowledged.
+// outboxLeft returns the outbox rows for the uplink (local messages left
+// out) not yet sealed, and the batches sealed but not acknowledged.
 func (a *Agent) outboxLeft() (rows, sealed uint64, err error) {
 	err = a.State.View(func(tx *bolt.Tx) error {
 		st, err := outbox.ReadStats(tx)
-		rows = st.Rows
+		if err != nil {
+			return err
+		}
+		local, err := outbox.CountKind(tx, outbox.KindLocal)
+		rows = st.Rows - min(local, st.Rows)
 		return err
 	})
 	if err != nil {
 		return 0, 0, fmt.Errorf("read outbox: %w", err)
 	}
-	return rows, a.Uplink.Stats().SealedBatches, nil
+	if a.Uplink != nil {
+		sealed = a.Uplink.Stats().SealedBatches
+	}
+	return rows, sealed, nil
 }
 
 // trimLoop applies Bronze retention behind the window checkpoint every 5 s,

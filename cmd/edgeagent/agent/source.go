@@ -97,6 +97,19 @@ func (s *statusSource) Snapshot() status.Snapshot {
 		LagSeconds:             ws.Lag.Seconds(),
 		Blocked:                ws.Blocked,
 		BlockedTotal:           ws.BlockedTotal,
+		LateRowsEvicted:        ws.LateEvicted,
+		DeadLetterRowsEvicted:  ws.DeadLettersEvicted,
+		DevicesExpired:         ws.DevicesExpired,
+	}
+	if a.Alerts != nil {
+		as := a.Alerts.Stats()
+		snap.Alerts = &status.Alerts{Rules: as.Rules, Firing: as.Firing, FiringByRule: as.FiringByRule,
+			FiredTotal: as.Fired, ClearedTotal: as.Cleared, SuppressedTotal: as.Suppressed, SummariesTotal: as.Summaries,
+			LocalQueuedTotal: as.LocalMessages}
+		if a.Local != nil {
+			ls := a.Local.Stats()
+			snap.Alerts.LocalPublishedTotal, snap.Alerts.LocalFailuresTotal, snap.Alerts.LocalLastError = ls.Published, ls.Failures, ls.LastError
+		}
 	}
 	for _, n := range ws.DeadLetters {
 		snap.Window.DeadLettersTotal += n

@@ -79,6 +79,9 @@ func WriteMetrics(w io.Writer, snap Snapshot) {
 	c("edgeagent_late_readings_total", wn.LateTotal)
 	c("edgeagent_duplicate_readings_total", wn.DuplicatesTotal)
 	labeled(w, "edgeagent_dead_letters_total", "counter", "reason", wn.DeadLettersByReason)
+	c("edgeagent_late_rows_evicted_total", wn.LateRowsEvicted)
+	c("edgeagent_dead_letter_rows_evicted_total", wn.DeadLetterRowsEvicted)
+	c("edgeagent_devices_expired_total", wn.DevicesExpired)
 	g("edgeagent_end_to_end_lag_seconds", wn.LagSeconds)
 	g("edgeagent_window_blocked", b(wn.Blocked))
 	c("edgeagent_window_blocked_total", wn.BlockedTotal)
@@ -110,6 +113,23 @@ func WriteMetrics(w io.Writer, snap Snapshot) {
 	g("edgeagent_uplink_last_ack_seconds", up.LastAckSeconds)
 	g("edgeagent_uplink_sealed_batches", float64(up.SealedBatches))
 	g("edgeagent_uplink_bytes_per_second", snap.Rates.SentPerSecond)
+
+	if al := snap.Alerts; al != nil {
+		g("edgeagent_alert_rules", float64(al.Rules))
+		g("edgeagent_alerts_firing", float64(al.Firing))
+		byRule := make(map[string]uint64, len(al.FiringByRule))
+		for r, n := range al.FiringByRule {
+			byRule[r] = uint64(n)
+		}
+		labeled(w, "edgeagent_alerts_firing_by_rule", "gauge", "rule", byRule)
+		c("edgeagent_alerts_fired_total", al.FiredTotal)
+		c("edgeagent_alerts_cleared_total", al.ClearedTotal)
+		c("edgeagent_alerts_suppressed_total", al.SuppressedTotal)
+		c("edgeagent_alert_summaries_total", al.SummariesTotal)
+		c("edgeagent_local_messages_queued_total", al.LocalQueuedTotal)
+		c("edgeagent_local_messages_published_total", al.LocalPublishedTotal)
+		c("edgeagent_local_publish_failures_total", al.LocalFailuresTotal)
+	}
 }
 
 // labeled writes one metric family with a label. Keys of values are the

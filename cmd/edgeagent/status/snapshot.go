@@ -19,6 +19,8 @@ type Snapshot struct {
 	Window Window `json:"window"`
 	Outbox Outbox `json:"outbox"`
 	Uplink Uplink `json:"uplink"`
+	// Alerts is nil without alert rules or local publishing.
+	Alerts *Alerts `json:"alerts,omitempty"`
 
 	// Rates over the last RateWindow, computed by the server from samples.
 	Rates Rates `json:"rates"`
@@ -81,10 +83,16 @@ type Window struct {
 	DuplicatesTotal        uint64            `json:"duplicates_total"`
 	DeadLettersTotal       uint64            `json:"dead_letters_total"`
 	DeadLettersByReason    map[string]uint64 `json:"dead_letters_by_reason"`
-	LatestEventTime        time.Time         `json:"latest_event_time"`
-	LagSeconds             float64           `json:"lag_seconds"`
-	Blocked                bool              `json:"blocked"`
-	BlockedTotal           uint64            `json:"blocked_total"`
+	// The late and dead-letter tables are bounded: the oldest rows past
+	// the bound are evicted, counted here. DevicesExpired counts devices
+	// whose state was dropped after window.device_expiry.
+	LateRowsEvicted       uint64    `json:"late_rows_evicted_total"`
+	DeadLetterRowsEvicted uint64    `json:"dead_letter_rows_evicted_total"`
+	DevicesExpired        uint64    `json:"devices_expired_total"`
+	LatestEventTime       time.Time `json:"latest_event_time"`
+	LagSeconds            float64   `json:"lag_seconds"`
+	Blocked               bool      `json:"blocked"`
+	BlockedTotal          uint64    `json:"blocked_total"`
 }
 
 // Outbox is the queue to the uplink (sealed batches included).
@@ -111,6 +119,24 @@ type Uplink struct {
 	LastAckSeconds  float64   `json:"last_ack_seconds"`
 	SealedBatches   uint64    `json:"sealed_batches"`
 	LastError       string    `json:"last_error,omitempty"`
+}
+
+// Alerts are the alert rules' figures and the local publisher's.
+type Alerts struct {
+	Rules int `json:"rules"`
+	// Firing counts (rule, device) pairs whose last transition was fired.
+	Firing       int            `json:"firing"`
+	FiringByRule map[string]int `json:"firing_by_rule"`
+	FiredTotal   uint64         `json:"fired_total"`
+	ClearedTotal uint64         `json:"cleared_total"`
+	// SuppressedTotal counts changes min_interval held back.
+	SuppressedTotal uint64 `json:"suppressed_total"`
+	SummariesTotal  uint64 `json:"summaries_total"`
+	// Local* are the messages to the gateway's own broker.
+	LocalQueuedTotal    uint64 `json:"local_queued_total"`
+	LocalPublishedTotal uint64 `json:"local_published_total"`
+	LocalFailuresTotal  uint64 `json:"local_failures_total"`
+	LocalLastError      string `json:"local_last_error,omitempty"`
 }
 
 // Rates are per-second figures over the last RateWindow.
