@@ -24,7 +24,7 @@ const (
 	exitOK     = 0
 	exitFail   = 1 // the command ran and failed
 	exitUsage  = 2 // bad flags or arguments
-	exitConfig = 3 // the config file is invalid
+	exitConfig = 3 // the config file is invalid, or the saved state does not match it
 )
 
 // command is one subcommand.
@@ -302,7 +302,10 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 		log.Error("cannot start", "err", err)
 		var hint *agent.HintError
 		if errors.As(err, &hint) {
+			// A config the saved state does not match: like an invalid
+			// config, a restart cannot fix it (RestartPreventExitStatus=3).
 			fmt.Fprintf(e.stderr, "edgeagent: %s\n", hint.Hint)
+			return exitConfig
 		}
 		return exitFail
 	}

@@ -119,7 +119,7 @@ uplink:
 	// A window-size change is refused, with the recovery command named.
 	cfgPath = config("temperature, temp", "2m")
 	out, err = exec.Command(agentBin, "run", "-c", cfgPath).CombinedOutput()
-	if exitCode(err) != exitFail || !strings.Contains(string(out), "window.size changed") || !strings.Contains(string(out), "edgeagent reset-state -c "+cfgPath+" --yes") {
+	if exitCode(err) != exitConfig || !strings.Contains(string(out), "window.size changed") || !strings.Contains(string(out), "edgeagent reset-state -c "+cfgPath+" --yes") {
 		t.Fatalf("run after a window-size change: %v\n%s", err, out)
 	}
 	if out, err := exec.Command(agentBin, "reset-state", "-c", cfgPath).CombinedOutput(); exitCode(err) != exitUsage || !strings.Contains(string(out), "--yes") {
