@@ -200,7 +200,7 @@ func (b *Bronze) Append(recs []Record) error {
 		size := 0
 		for i := range recs {
 			n := recs[i].EncodedSize()
-			add += int64(8 + n)
+			add += int64(StoredSize(&recs[i]))
 			size += uvarintLen(uint64(n)) + n
 		}
 		if b.opts.MaxBytes > 0 && bytes+add > b.opts.MaxBytes {
@@ -471,6 +471,12 @@ func (b *Bronze) SetCheckpoint(seq uint64) { b.checkpoint.Store(seq) }
 
 // Checkpoint is the last value given to SetCheckpoint.
 func (b *Bronze) Checkpoint() uint64 { return b.checkpoint.Load() }
+
+// MaxBytes is the bound Append keeps the log under (0: none).
+func (b *Bronze) MaxBytes() int64 { return b.opts.MaxBytes }
+
+// StoredSize is what r takes against MaxBytes.
+func StoredSize(r *Record) int { return 8 + r.EncodedSize() }
 
 // Full reports whether the last Append failed with ErrFull.
 func (b *Bronze) Full() bool { return b.full.Load() }

@@ -215,6 +215,7 @@ func (c *committer) commit(ctx context.Context, batch []pending, recs []buffer.R
 			c.stats.Committed.Add(uint64(msgs))
 			if c.stats.Full.Swap(false) {
 				c.log.Info("bronze has room again; acknowledging resumes")
+				c.stats.setErr(nil) // the "bronze full" error is over too
 			}
 			if c.stats.CommitFailing.Swap(false) {
 				c.log.Info("bronze commit recovered", "records", len(batch))

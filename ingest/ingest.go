@@ -121,6 +121,10 @@ type Ingester struct {
 	stats Stats
 	com   *committer
 	src   source
+	// maxRecordBytes is the Bronze bound, when it has one: a record
+	// larger could never be stored, and would hold every message behind
+	// it for ever.
+	maxRecordBytes int64
 
 	stopping chan struct{} // closed when shutdown begins: handlers stop handing over
 	stopOnce sync.Once
@@ -142,6 +146,9 @@ func New(app Appender, cfg Config) (*Ingester, error) {
 		return nil, err
 	}
 	in := &Ingester{cfg: cfg, stopping: make(chan struct{})}
+	if m, ok := app.(interface{ MaxBytes() int64 }); ok {
+		in.maxRecordBytes = m.MaxBytes()
+	}
 	in.com = &committer{
 		app:      app,
 		in:       make(chan pending, 2*cfg.MaxCommitRecords),
@@ -231,6 +238,9 @@ func (in *Ingester) classify(topicName string, qos byte, retained, dup bool, pay
 	}
 	if !in.matches(topicName) {
 		return reject(ReasonNoTemplate, "topic matches no subscription template")
+	}
+	if n := int64(buffer.StoredSize(&rec)); in.maxRecordBytes > 0 && n > in.maxRecordBytes {
+		return reject(ReasonOversized, fmt.Sprintf("the record would take %d bytes, more than bronze_max_bytes (%d): it could never be stored", n, in.maxRecordBytes))
 	}
 	return rec
 }

@@ -234,6 +234,10 @@ func TestBronzeFullHoldsAcks(t *testing.T) {
 	if s, err := b.Stats(); err != nil || s.Bytes > 4096 {
 		t.Fatalf("bronze bytes %d over its bound 4096 (err %v)", s.Bytes, err)
 	}
+	// Room again: the "bronze full" error is not left behind for status.
+	mqtttest.WaitFor(t, 10*time.Second, "full flag and error cleared", func() bool {
+		return !in.Stats().Full.Load() && in.Stats().LastError() == ""
+	})
 }
 
 func TestRejectedMessagesAreKeptWithReason(t *testing.T) {
@@ -467,5 +471,29 @@ func TestEmbeddedShutdownWithASilentConnection(t *testing.T) {
 	}
 	if _, err := conn.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
 		t.Fatalf("read on the silent connection after shutdown: %v, want EOF", err)
+	}
+}
+
+// A message under max_payload_bytes whose record is still larger than the
+// whole Bronze bound could never be stored: it is refused (a rejected
+// record, payload_too_large) instead of holding every message behind it.
+func TestRecordLargerThanBronzeIsRefused(t *testing.T) {
+	b := openBronze(t, buffer.Options{MaxBytes: 4 << 10})
+	cfg := embeddedConfig(t, "edgeagent-huge", nil)
+	cfg.MaxPayloadBytes = 4 << 10
+	in := startIngester(t, b, cfg)
+	pub := mqtttest.NewPublisher(t, "tcp://"+cfg.Embedded, "device-huge")
+	pub.Publish(t, "sensors/s1/telemetry", 1, bytes.Repeat([]byte("x"), 4091))
+	pub.Publish(t, "sensors/s1/telemetry", 1, []byte(`{"id":"after"}`))
+	recs, err := b.Read(1, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 2 || recs[0].Kind != buffer.KindRejected || !strings.HasPrefix(recs[0].Reason, ReasonOversized+": ") ||
+		len(recs[0].Payload) != 256 || recs[1].Kind != buffer.KindMessage || string(recs[1].Payload) != `{"id":"after"}` {
+		t.Fatalf("bronze holds %+v", recs)
+	}
+	if n := in.Stats().Rejected()[ReasonOversized]; n != 1 {
+		t.Errorf("payload_too_large counted %d times, want 1", n)
 	}
 }

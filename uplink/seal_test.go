@@ -409,3 +409,31 @@ func TestBuildMatchesReference(t *testing.T) {
 		}
 	}
 }
+
+// NotUpSince spans a whole outage: reconnect attempts move the link
+// between down and connecting, which must not restart it.
+func TestNotUpSinceSpansReconnectAttempts(t *testing.T) {
+	now := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+	u := newTestUplink(t, openDB(t), func(c *Config) { c.Clock = func() time.Time { return now } })
+	start := u.Stats().NotUpSince
+	if !start.Equal(now) {
+		t.Fatalf("before any connection NotUpSince = %v, want the start %v", start, now)
+	}
+	step := func(st LinkState) { now = now.Add(time.Minute); u.setLink(st) }
+	step(LinkConnecting)
+	step(LinkDown)
+	step(LinkConnecting)
+	if got := u.Stats().NotUpSince; !got.Equal(start) {
+		t.Errorf("after reconnect attempts NotUpSince = %v, want %v", got, start)
+	}
+	step(LinkUp)
+	if got := u.Stats().NotUpSince; !got.IsZero() {
+		t.Errorf("while up NotUpSince = %v, want zero", got)
+	}
+	step(LinkDown)
+	wentDown := now
+	step(LinkConnecting)
+	if got := u.Stats().NotUpSince; !got.Equal(wentDown) {
+		t.Errorf("after the link dropped NotUpSince = %v, want %v", got, wentDown)
+	}
+}

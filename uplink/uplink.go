@@ -40,6 +40,10 @@ const (
 type Stats struct {
 	Link      LinkState
 	LinkSince time.Time
+	// NotUpSince is when the link was last up (or the uplink started, if
+	// it never was), zero while it is up: reconnect attempts move Link
+	// between down and connecting, but the outage is the whole span.
+	NotUpSince time.Time
 	// Reconnects counts connections made after the first.
 	Reconnects  uint64
 	LastError   string
@@ -147,6 +151,7 @@ func New(db *bolt.DB, cfg Config) (*Uplink, error) {
 	}
 	u.stats.Link = LinkDown
 	u.stats.LinkSince = cfg.Clock()
+	u.stats.NotUpSince = u.stats.LinkSince
 	return u, nil
 }
 
@@ -584,8 +589,14 @@ func (u *Uplink) setLink(st LinkState) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.stats.Link != st {
-		u.stats.Link = st
-		u.stats.LinkSince = u.cfg.Clock()
+		now := u.cfg.Clock()
+		switch {
+		case st == LinkUp:
+			u.stats.NotUpSince = time.Time{}
+		case u.stats.Link == LinkUp:
+			u.stats.NotUpSince = now
+		}
+		u.stats.Link, u.stats.LinkSince = st, now
 	}
 }
 

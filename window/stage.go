@@ -96,6 +96,11 @@ type Stats struct {
 	BlockedTotal      uint64
 	LastBatchDuration time.Duration
 	LastBatchRecords  int
+	// Failing is set while batches fail (Run retries them); LastError is
+	// the last failure, Failures counts them.
+	Failing   bool
+	LastError string
+	Failures  uint64
 }
 
 // New validates cfg, creates the stage's buckets (and the outbox's), checks
@@ -221,6 +226,14 @@ func (s *Stage) Step() (StepResult, error) {
 		return res, fmt.Errorf("read bronze after %d: %w", s.eng.offset, err)
 	}
 	if len(recs) == 0 {
+		// Records processed since the checkpoint keep their room in Bronze
+		// until it moves; when Bronze is full no new record comes to carry
+		// a checkpoint, so an idle Step writes the one that is due.
+		if s.eng.offset > s.checkpointOffset && s.checkpointDue() {
+			if err := s.commit(true); err != nil {
+				return res, err
+			}
+		}
 		s.publish(res, false)
 		return res, nil
 	}
@@ -457,27 +470,68 @@ func (s *Stage) RunOnce() error {
 
 // Run steps every TriggerInterval, and again at once while batches come
 // back full, until ctx is cancelled; it then returns nil after the batch in
-// hand has committed. A Step error is returned.
+// hand has committed, or the final checkpoint's error.
+//
+// A failed Step (a full disk under the state database, an I/O error) is
+// retried with backoff, from TriggerInterval up to maxRetryDelay, and
+// shown in Stats: the batch was rolled back, so a retry is safe, and a
+// stage that stays up keeps the status endpoint and ingest running (Bronze
+// keeps accepting until it is full), where an exit would restart into the
+// same error until systemd gave up.
 func (s *Stage) Run(ctx context.Context) error {
 	t := time.NewTimer(0)
 	defer t.Stop()
+	var delay time.Duration
 	for {
 		select {
 		case <-ctx.Done():
 			return s.Checkpoint()
 		case <-t.C:
 		}
+		var err error
 		for {
-			res, err := s.Step()
-			if err != nil {
-				return err
+			var res StepResult
+			if res, err = s.Step(); err != nil {
+				break
 			}
 			if res.Blocked || res.Records < s.cfg.MaxRecordsPerBatch || ctx.Err() != nil {
 				break
 			}
 		}
+		if err != nil {
+			delay = min(max(2*delay, s.cfg.TriggerInterval), maxRetryDelay)
+			if s.setFailure(err) {
+				s.log.Error("window batch failed; retrying with backoff", "retry_in", delay, "err", err)
+			}
+			t.Reset(delay)
+			continue
+		}
+		if delay > 0 {
+			delay = 0
+			s.setFailure(nil)
+			s.log.Info("window batches recovered")
+		}
 		t.Reset(s.cfg.TriggerInterval)
 	}
+}
+
+// maxRetryDelay caps the backoff of failed batches.
+const maxRetryDelay = 30 * time.Second
+
+// setFailure records err in Stats (nil: recovered) and reports whether it
+// is worth a log line: a new error, not the same one again.
+func (s *Stage) setFailure(err error) bool {
+	s.statsMu.Lock()
+	defer s.statsMu.Unlock()
+	if err == nil {
+		s.stats.Failing, s.stats.LastError = false, ""
+		return false
+	}
+	s.stats.Failures++
+	msg := err.Error()
+	changed := !s.stats.Failing || s.stats.LastError != msg
+	s.stats.Failing, s.stats.LastError = true, msg
+	return changed
 }
 
 // publish refreshes the Stats snapshot (called with s.mu held).

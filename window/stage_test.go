@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -553,4 +554,92 @@ func TestCollectAroundOnlyCheckpointsLargeForTheHeap(t *testing.T) {
 	if heapLive() == 0 {
 		t.Error("heapLive() = 0 after a collection")
 	}
+}
+
+// Bronze full of records the stage has processed but not checkpointed: no
+// new record can arrive to carry the checkpoint, so an idle Step writes it,
+// and Bronze has room again.
+func TestIdleStepCheckpointsForAFullBronze(t *testing.T) {
+	db := openDB(t, "", true)
+	br, err := buffer.Open(filepath.Join(t.TempDir(), "bronze.db"), buffer.Options{MaxBytes: 4 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { br.Close() })
+	cfg := testConfig(t)
+	cfg.CheckpointInterval = time.Hour // only a full Bronze makes it due
+	s, err := New(db, br, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+	var sent int
+	for ; ; sent++ {
+		r := telemetry("d1", fmt.Sprint(sent), base.Add(time.Duration(sent)*time.Second), base, 1)
+		if err := br.Append([]buffer.Record{r}); errors.Is(err, buffer.ErrFull) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if sent == 0 || !br.Full() || br.Checkpoint() == s.Stats().Offset {
+		t.Fatalf("setup: %d appended, full %v, checkpoint %d, processed %d", sent, br.Full(), br.Checkpoint(), s.Stats().Offset)
+	}
+	res, err := s.Step()
+	if err != nil || res.Records != 0 {
+		t.Fatalf("idle step: %+v, %v", res, err)
+	}
+	if got, want := br.Checkpoint(), s.Stats().Offset; got != want {
+		t.Fatalf("after an idle step with Bronze full: checkpoint %d, want the processed offset %d", got, want)
+	}
+	r := telemetry("d1", "after", base.Add(time.Hour), base, 1)
+	if err := br.Append([]buffer.Record{r}); err != nil {
+		t.Fatalf("append after the checkpoint: %v", err)
+	}
+}
+
+// A failing batch (here the observer; a full disk in the field) does not
+// stop Run: it is retried with backoff, shown in Stats, and the batch goes
+// through once the cause is gone.
+func TestRunRetriesFailedBatches(t *testing.T) {
+	obs := &lockedFailingObserver{}
+	obs.fail.Store(true)
+	cfg := testConfig(t)
+	cfg.TriggerInterval = 5 * time.Millisecond
+	cfg.Observer = obs
+	p := newStepper(t, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.s.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run returned %v", err)
+		}
+	}()
+	appendAll(t, p.br, []buffer.Record{telemetry("d1", "1", t0, t0, 1), telemetry("d1", "2", t0.Add(2*time.Minute), t0.Add(2*time.Minute), 2)})
+	waitFor(t, 10*time.Second, "failures retried and shown", func() bool {
+		st := p.s.Stats()
+		return st.Failing && st.Failures >= 2 && strings.Contains(st.LastError, "alert engine unavailable")
+	})
+	if st := p.s.Stats(); st.Offset != 0 {
+		t.Fatalf("a failed batch moved the offset to %d", st.Offset)
+	}
+	obs.fail.Store(false)
+	waitFor(t, 10*time.Second, "the batch through after recovery", func() bool {
+		st := p.s.Stats()
+		return !st.Failing && st.LastError == "" && st.Offset == 2 && len(readOutbox(t, p.db)) == 1
+	})
+}
+
+type lockedFailingObserver struct{ fail atomic.Bool }
+
+func (o *lockedFailingObserver) Emitted(*bolt.Tx, *wire.Aggregate, int64) error {
+	if o.fail.Load() {
+		return errors.New("alert engine unavailable")
+	}
+	return nil
 }

@@ -65,16 +65,25 @@ func (s *statusSource) Snapshot() status.Snapshot {
 		snap.Ingest.Broker = "embedded on " + a.cfg.MQTT.Embedded.Listen
 	}
 
+	ws := a.Stage.Stats()
 	if bs, err := a.Bronze.Stats(); err == nil {
-		snap.Bronze = status.Bronze{Records: bs.Records, Bytes: bs.Bytes, MaxBytes: bs.MaxBytes, BacklogRecords: bs.Backlog,
+		snap.Bronze = status.Bronze{Records: bs.Records, Bytes: bs.Bytes, MaxBytes: bs.MaxBytes,
 			FirstSeq: bs.FirstSeq, LastSeq: bs.LastSeq, Checkpoint: bs.Checkpoint,
 			Retention: time.Duration(a.cfg.Storage.BronzeRetention).Seconds()}
+		// The backlog is what the window stage has not processed yet, not
+		// what it has not checkpointed (that moves every checkpoint
+		// interval); the unprocessed bytes are estimated from it.
+		if bs.LastSeq > ws.Offset {
+			snap.Bronze.BacklogRecords = bs.LastSeq - ws.Offset
+		}
+		if bs.Records > 0 {
+			snap.Bronze.UnprocessedBytes = int64(float64(bs.Bytes) * float64(min(snap.Bronze.BacklogRecords, uint64(bs.Records))) / float64(bs.Records))
+		}
 		if bs.OldestAt > 0 {
 			snap.Bronze.OldestAge = now.Sub(time.Unix(0, bs.OldestAt)).Seconds()
 		}
 	}
 
-	ws := a.Stage.Stats()
 	snap.Window = status.Window{
 		ProcessedTotal:         ws.Records,
 		ReadingsTotal:          ws.Readings,
@@ -97,6 +106,9 @@ func (s *statusSource) Snapshot() status.Snapshot {
 		LagSeconds:             ws.Lag.Seconds(),
 		Blocked:                ws.Blocked,
 		BlockedTotal:           ws.BlockedTotal,
+		Failing:                ws.Failing,
+		FailuresTotal:          ws.Failures,
+		LastError:              ws.LastError,
 		LateRowsEvicted:        ws.LateEvicted,
 		DeadLetterRowsEvicted:  ws.DeadLettersEvicted,
 		DevicesExpired:         ws.DevicesExpired,
@@ -140,6 +152,9 @@ func (s *statusSource) Snapshot() status.Snapshot {
 		us := a.Uplink.Stats()
 		snap.Uplink.State = string(us.Link)
 		snap.Uplink.Since = us.LinkSince.UTC()
+		if !us.NotUpSince.IsZero() {
+			snap.Uplink.DownSince = us.NotUpSince.UTC()
+		}
 		snap.Uplink.ReconnectsTotal = us.Reconnects
 		snap.Uplink.BatchesSent = us.BatchesSent
 		snap.Uplink.AggregatesSent = us.AggregatesSent

@@ -79,6 +79,8 @@ func WriteMetrics(w io.Writer, snap Snapshot) {
 	c("edgeagent_late_readings_total", wn.LateTotal)
 	c("edgeagent_duplicate_readings_total", wn.DuplicatesTotal)
 	labeled(w, "edgeagent_dead_letters_total", "counter", "reason", wn.DeadLettersByReason)
+	g("edgeagent_window_failing", b(wn.Failing))
+	c("edgeagent_window_failures_total", wn.FailuresTotal)
 	c("edgeagent_late_rows_evicted_total", wn.LateRowsEvicted)
 	c("edgeagent_dead_letter_rows_evicted_total", wn.DeadLetterRowsEvicted)
 	c("edgeagent_devices_expired_total", wn.DevicesExpired)

@@ -223,6 +223,9 @@ func Warnings(snap *Snapshot, trigger time.Duration) []string {
 	if snap.Ingest.BronzeFull {
 		w = append(w, "Bronze is full of unprocessed records: acknowledgements are held, the broker is queueing")
 	}
+	if snap.Window.Failing {
+		w = append(w, "window batches failing, retried with backoff: "+snap.Window.LastError)
+	}
 	if snap.Window.Blocked {
 		w = append(w, "window stage paused: the outbox is at storage.outbox_max_bytes")
 	}
@@ -235,12 +238,14 @@ func Warnings(snap *Snapshot, trigger time.Duration) []string {
 	if snap.Outbox.MaxBytes > 0 && float64(snap.Outbox.Bytes) >= outboxNearFraction*float64(snap.Outbox.MaxBytes) {
 		w = append(w, fmt.Sprintf("outbox near its bound: %s of %s", Bytes(int64(snap.Outbox.Bytes)), Bytes(snap.Outbox.MaxBytes)))
 	}
-	if snap.Bronze.MaxBytes > 0 && float64(snap.Bronze.Bytes) >= bronzeNearFraction*float64(snap.Bronze.MaxBytes) {
-		w = append(w, fmt.Sprintf("Bronze near its bound: %s of %s", Bytes(snap.Bronze.Bytes), Bytes(snap.Bronze.MaxBytes)))
+	// Processed records fill Bronze up to its bound by design (retention
+	// keeps them until room is needed): only unprocessed ones are a risk.
+	if snap.Bronze.MaxBytes > 0 && float64(snap.Bronze.UnprocessedBytes) >= bronzeNearFraction*float64(snap.Bronze.MaxBytes) {
+		w = append(w, fmt.Sprintf("Bronze near its bound with unprocessed records: about %s of %s", Bytes(snap.Bronze.UnprocessedBytes), Bytes(snap.Bronze.MaxBytes)))
 	}
-	if snap.Uplink.State != "up" && snap.Uplink.State != "disabled" && !snap.Uplink.Since.IsZero() {
-		if d := snap.Time.Sub(snap.Uplink.Since); d >= linkDownWarnAfter {
-			w = append(w, fmt.Sprintf("uplink %s for %s", snap.Uplink.State, d.Round(time.Second)))
+	if snap.Uplink.State != "up" && snap.Uplink.State != "disabled" && !snap.Uplink.DownSince.IsZero() {
+		if d := snap.Time.Sub(snap.Uplink.DownSince); d >= linkDownWarnAfter {
+			w = append(w, fmt.Sprintf("uplink down for %s", d.Round(time.Second)))
 		}
 	}
 	if n := snap.Ingest.BrokerDropped; n > 0 {

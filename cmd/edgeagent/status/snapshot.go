@@ -52,15 +52,18 @@ type Ingest struct {
 
 // Bronze is the raw log.
 type Bronze struct {
-	Records        int64   `json:"records"`
-	Bytes          int64   `json:"bytes"`
-	MaxBytes       int64   `json:"max_bytes"`
-	BacklogRecords uint64  `json:"backlog_records"`
-	FirstSeq       uint64  `json:"first_seq"`
-	LastSeq        uint64  `json:"last_seq"`
-	Checkpoint     uint64  `json:"checkpoint"`
-	OldestAge      float64 `json:"oldest_age_seconds"`
-	Retention      float64 `json:"retention_seconds"`
+	Records  int64 `json:"records"`
+	Bytes    int64 `json:"bytes"`
+	MaxBytes int64 `json:"max_bytes"`
+	// BacklogRecords are the records the window stage has not processed
+	// yet; UnprocessedBytes estimates their bytes (the log's mean record).
+	BacklogRecords   uint64  `json:"backlog_records"`
+	UnprocessedBytes int64   `json:"unprocessed_bytes"`
+	FirstSeq         uint64  `json:"first_seq"`
+	LastSeq          uint64  `json:"last_seq"`
+	Checkpoint       uint64  `json:"checkpoint"`
+	OldestAge        float64 `json:"oldest_age_seconds"`
+	Retention        float64 `json:"retention_seconds"`
 }
 
 // Window is the window stage.
@@ -86,6 +89,11 @@ type Window struct {
 	// The late and dead-letter tables are bounded: the oldest rows past
 	// the bound are evicted, counted here. DevicesExpired counts devices
 	// whose state was dropped after window.device_expiry.
+	// Failing is set while window batches fail and are retried (a full
+	// disk under the state database, say); LastError says why.
+	Failing               bool      `json:"failing"`
+	FailuresTotal         uint64    `json:"failures_total"`
+	LastError             string    `json:"last_error,omitempty"`
 	LateRowsEvicted       uint64    `json:"late_rows_evicted_total"`
 	DeadLetterRowsEvicted uint64    `json:"dead_letter_rows_evicted_total"`
 	DevicesExpired        uint64    `json:"devices_expired_total"`
@@ -105,9 +113,12 @@ type Outbox struct {
 
 // Uplink is the link to the cloud.
 type Uplink struct {
-	Transport       string    `json:"transport"` // nats, mqtt or "" when disabled
-	State           string    `json:"state"`     // up, down, connecting, disabled
-	Since           time.Time `json:"since"`
+	Transport string    `json:"transport"` // nats, mqtt or "" when disabled
+	State     string    `json:"state"`     // up, down, connecting, disabled
+	Since     time.Time `json:"since"`
+	// DownSince is when the link was last up (or the agent started),
+	// absent while it is up: reconnect attempts change State, not this.
+	DownSince       time.Time `json:"down_since,omitzero"`
 	ReconnectsTotal uint64    `json:"reconnects_total"`
 	BatchesSent     uint64    `json:"batches_sent_total"`
 	AggregatesSent  uint64    `json:"aggregates_sent_total"`

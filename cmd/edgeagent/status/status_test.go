@@ -52,11 +52,12 @@ func sampleSnapshot() Snapshot {
 	return Snapshot{
 		Gateway: "gw-7", Version: "1.2.3", Time: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC), UptimeSeconds: 3600,
 		Ingest: Ingest{Broker: "tcp://127.0.0.1:1883", Connected: true, ReceivedTotal: 12345, Rejected: map[string]uint64{"payload_too_large": 2}, BrokerDropped: 6},
-		Bronze: Bronze{Records: 5000, Bytes: 900 << 20, MaxBytes: 1 << 30, BacklogRecords: 4321},
+		Bronze: Bronze{Records: 5000, Bytes: 900 << 20, MaxBytes: 1 << 30, BacklogRecords: 4321, UnprocessedBytes: 880 << 20},
 		Window: Window{ProcessedTotal: 8024, OpenWindows: 40000, EvictedWindows: 36000, LagSeconds: 2.5, LastBatchSeconds: 1.5, TriggerIntervalSeconds: 1,
 			DeadLettersTotal: 3, DeadLettersByReason: map[string]uint64{"not_json": 3}, LateTotal: 7, DuplicatesTotal: 11},
-		Outbox:      Outbox{Rows: 77, Bytes: 250 << 20, MaxBytes: 256 << 20, OldestAge: 30},
-		Uplink:      Uplink{Transport: "nats", State: "down", Since: time.Date(2026, 11, 29, 11, 0, 0, 0, time.UTC)},
+		Outbox: Outbox{Rows: 77, Bytes: 250 << 20, MaxBytes: 256 << 20, OldestAge: 30},
+		Uplink: Uplink{Transport: "nats", State: "down", Since: time.Date(2026, 11, 29, 11, 59, 58, 0, time.UTC),
+			DownSince: time.Date(2026, 11, 29, 11, 0, 0, 0, time.UTC)},
 		DeadLetters: []DeadLetter{{Seq: 9, Topic: "sensors/d1/telemetry", Code: "not_json", Reason: "payload is not JSON: <oops>", Payload: "<oops>"}},
 	}
 }
@@ -143,12 +144,21 @@ func TestMetricsExposition(t *testing.T) {
 func TestWarnings(t *testing.T) {
 	snap := sampleSnapshot()
 	snap.Rates.BacklogGrowth = 50
+	snap.Window.Failing, snap.Window.LastError = true, "write state.db: no space left on device"
 	w := strings.Join(Warnings(&snap, time.Second), "\n")
+	// The uplink is down since 11:00 though its state changed 2s ago (a
+	// reconnect attempt): the outage is the whole span.
 	for _, want := range []string{"backlog growing", "slower than the trigger", "outbox near its bound", "Bronze near its bound", "uplink down for 1h0m0s",
-		"embedded broker dropped 6 messages"} {
+		"embedded broker dropped 6 messages", "window batches failing, retried with backoff: write state.db: no space left on device"} {
 		if !strings.Contains(w, want) {
 			t.Errorf("warnings lack %q:\n%s", want, w)
 		}
+	}
+	// A Bronze full of processed records is Bronze keeping history, not a
+	// risk.
+	snap.Bronze.UnprocessedBytes = 1 << 20
+	if w := strings.Join(Warnings(&snap, time.Second), "\n"); strings.Contains(w, "Bronze near its bound") {
+		t.Errorf("warned of a Bronze near its bound with 1 MiB unprocessed:\n%s", w)
 	}
 	calm := Snapshot{Ingest: Ingest{Connected: true}, Uplink: Uplink{State: "up"}}
 	if w := Warnings(&calm, time.Second); len(w) != 0 {
