@@ -156,6 +156,10 @@ type Config struct {
 
 	// Observer sees every emitted aggregate inside the batch transaction; may be nil.
 	Observer Observer
+	// Committed, when set, is called after a batch that emitted aggregates
+	// has committed, outside the transaction: the uplink's Notify, so the
+	// outbox is read at once instead of at its next poll. It must not block.
+	Committed func()
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Clock defaults to time.Now. It feeds only the wall-clock lag metric

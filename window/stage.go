@@ -259,6 +259,9 @@ func (s *Stage) Step() (StepResult, error) {
 	if err := s.commit(s.checkpointDue()); err != nil {
 		return res, err
 	}
+	if res.Emitted > 0 && s.cfg.Committed != nil {
+		s.cfg.Committed()
+	}
 	capped := e.c.Dead[codeIdx(CodeTooManyDevices)] - before.Dead[codeIdx(CodeTooManyDevices)]
 	if capped > 0 && !s.capLogged {
 		s.log.Warn("window: max_devices reached, readings of new devices are dead-lettered", "max_devices", s.cfg.MaxDevices, "refused", capped)

@@ -643,3 +643,19 @@ func (o *lockedFailingObserver) Emitted(*bolt.Tx, *wire.Aggregate, int64) error 
 	}
 	return nil
 }
+
+// Committed is called after a committed batch that emitted something (the
+// uplink reads the outbox at once), and not after one that did not.
+func TestCommittedHook(t *testing.T) {
+	var calls int
+	cfg := testConfig(t)
+	cfg.Committed = func() { calls++ }
+	p := newStepper(t, cfg)
+	p.feed(telemetry("d1", "1", t0, t0, 1))
+	if calls != 0 {
+		t.Fatalf("Committed called %d times for a batch that emitted nothing", calls)
+	}
+	if aggs := p.feed(telemetry("d1", "2", t0.Add(2*time.Minute), t0.Add(2*time.Minute), 2)); len(aggs) != 1 || calls != 1 {
+		t.Fatalf("%d aggregates emitted, Committed called %d times; want 1 and 1", len(aggs), calls)
+	}
+}

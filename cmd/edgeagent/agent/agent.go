@@ -121,6 +121,12 @@ func Open(cfg *config.Config, opts Options) (*Agent, error) {
 	if a.Alerts != nil {
 		wcfg.Observer = a.Alerts
 	}
+	// The uplink is opened below; by the time the stage runs it is set.
+	wcfg.Committed = func() {
+		if a.Uplink != nil {
+			a.Uplink.Notify()
+		}
+	}
 	a.Stage, err = window.New(a.State, a.Bronze, wcfg)
 	if err != nil {
 		a.Close()
