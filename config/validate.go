@@ -152,7 +152,11 @@ func (v *validator) mqtt() {
 	if m.Embedded.Listen != "" {
 		v.hostPort("mqtt.embedded.listen", m.Embedded.Listen, "127.0.0.1:1883")
 	}
-	if m.Password != "" && m.Username == "" {
+	switch {
+	case embedded && (m.Username != "" || m.Password != ""):
+		// It would read as protection the built-in broker does not give.
+		v.add("mqtt.username", "has no effect: the embedded broker has no authentication and accepts every client; keep mqtt.embedded.listen on loopback or a trusted interface")
+	case m.Password != "" && m.Username == "":
 		v.add("mqtt.password", "needs mqtt.username (MQTT sends a password only with a user name)")
 	}
 	v.tls("mqtt", m.TLS, embedded, scheme)

@@ -497,3 +497,16 @@ func TestRecordLargerThanBronzeIsRefused(t *testing.T) {
 		t.Errorf("payload_too_large counted %d times, want 1", n)
 	}
 }
+
+// A broker that refuses the connection (here: nothing listens) is named in
+// a warning with the reason, not only at debug level by paho.
+func TestConnectFailureIsLogged(t *testing.T) {
+	b := openBronze(t, buffer.Options{})
+	logs := &logBuffer{}
+	url := fmt.Sprintf("tcp://127.0.0.1:%d", mqtttest.FreePort(t))
+	startIngester(t, b, testConfig(t, url, "edgeagent-refused", logs))
+	mqtttest.WaitFor(t, 10*time.Second, "a connect-failure warning", func() bool {
+		s := logs.String()
+		return strings.Contains(s, "broker connect failed; retrying") && strings.Contains(s, "refused")
+	})
+}

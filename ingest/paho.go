@@ -95,6 +95,21 @@ func (p *pahoSource) start(ctx context.Context) error {
 	opts.SetReconnectingHandler(func(_ paho.Client, _ *paho.ClientOptions) {
 		log.Debug("reconnecting to broker", "broker", cfg.Broker)
 	})
+	// paho retries a failed connect (refused login, TLS, unreachable) by
+	// itself and logs why only at debug: say it, once a minute at most
+	// (the agent's logger throttles a repeated warning).
+	opts.SetConnectionNotificationHandler(func(_ paho.Client, n paho.ConnectionNotification) {
+		var err error
+		switch n := n.(type) {
+		case paho.ConnectionNotificationFailed:
+			err = n.Reason
+		case paho.ConnectionNotificationBrokerFailed:
+			err = n.Reason
+		}
+		if err != nil {
+			log.Warn("broker connect failed; retrying", "broker", cfg.Broker, "err", err)
+		}
+	})
 	p.client = paho.NewClient(opts)
 	// With ConnectRetry the token completes only once connected; do not wait
 	// for it, so the agent starts (and Bronze keeps its clock) with the
