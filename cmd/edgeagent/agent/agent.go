@@ -272,8 +272,17 @@ func (a *Agent) RunOnce(ctx context.Context) error {
 	if err := a.Stage.RunOnce(); err != nil {
 		return fmt.Errorf("window stage: %w", err)
 	}
+	// Nothing publishes local rows during --once, so they are counted once
+	// (a scan of the outbox) and left out of every poll after.
+	var local uint64
+	if err := a.State.View(func(tx *bolt.Tx) (err error) {
+		local, err = outbox.CountKind(tx, outbox.KindLocal)
+		return err
+	}); err != nil {
+		return fmt.Errorf("read outbox: %w", err)
+	}
 	if a.Uplink == nil {
-		n, _, err := a.outboxLeft()
+		n, _, err := a.outboxLeft(local)
 		switch {
 		case err != nil:
 			return err
@@ -288,16 +297,15 @@ func (a *Agent) RunOnce(ctx context.Context) error {
 	go func() { errc <- a.Uplink.Run(upCtx) }()
 	wait := max(time.Duration(a.cfg.Uplink.AckTimeout), 5*time.Second)
 	deadline := time.Now().Add(wait)
-	// A scan of the outbox a poll: kept to a few a second.
-	tick := time.NewTicker(200 * time.Millisecond)
+	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
-	rows, sealed, err := a.outboxLeft()
+	rows, sealed, err := a.outboxLeft(local)
 	for err == nil && rows+sealed > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
 		select {
 		case <-tick.C:
 		case <-ctx.Done():
 		}
-		rows, sealed, err = a.outboxLeft()
+		rows, sealed, err = a.outboxLeft(local)
 	}
 	cancel()
 	if uerr := <-errc; uerr != nil {
@@ -314,15 +322,12 @@ func (a *Agent) RunOnce(ctx context.Context) error {
 	return nil
 }
 
-// outboxLeft returns the outbox rows for the uplink (local messages left
-// out) not yet sealed, and the batches sealed but not acknowledged.
-func (a *Agent) outboxLeft() (rows, sealed uint64, err error) {
+// outboxLeft returns the outbox rows for the uplink (the local rows'
+// count, local, left out) not yet sealed, and the batches sealed but not
+// acknowledged.
+func (a *Agent) outboxLeft(local uint64) (rows, sealed uint64, err error) {
 	err = a.State.View(func(tx *bolt.Tx) error {
 		st, err := outbox.ReadStats(tx)
-		if err != nil {
-			return err
-		}
-		local, err := outbox.CountKind(tx, outbox.KindLocal)
 		rows = st.Rows - min(local, st.Rows)
 		return err
 	})
