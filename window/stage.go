@@ -34,8 +34,13 @@ type Stage struct {
 	checkpointAt     time.Time
 	checkpointOffset uint64
 	blocked          bool
-	encBuf           []byte // an aggregate's encoding on its way to the outbox
-	capLogged        bool   // the device cap was hit and logged; cleared by a batch without
+	// stale is set when a failed batch could not be rolled back (its
+	// reload failed): the engine holds the batch's effects, which were not
+	// committed, so nothing may run on it or checkpoint it until a reload
+	// succeeds.
+	stale     bool
+	encBuf    []byte // an aggregate's encoding on its way to the outbox
+	capLogged bool   // the device cap was hit and logged; cleared by a batch without
 
 	statsMu sync.Mutex
 	stats   Stats
@@ -135,6 +140,30 @@ func New(db *bolt.DB, src Source, cfg Config) (*Stage, error) {
 
 // reload replaces the in-memory state with the stored one; after a failed
 // commit it discards the batch that was not written.
+// rollback drops the in-memory effects of a failed batch by reloading the
+// state from the last checkpoint; if that fails too, the stage is stale
+// until fresh succeeds.
+func (s *Stage) rollback() error {
+	if err := s.reload(); err != nil {
+		s.stale = true
+		return err
+	}
+	return nil
+}
+
+// fresh reloads a stale stage; it must succeed before a batch or a
+// checkpoint, which would otherwise build on, or write, uncommitted effects.
+func (s *Stage) fresh() error {
+	if !s.stale {
+		return nil
+	}
+	if err := s.reload(); err != nil {
+		return fmt.Errorf("window state not yet reloaded after a failed batch: %w", err)
+	}
+	s.stale = false
+	return nil
+}
+
 func (s *Stage) reload() error {
 	err := s.db.View(func(tx *bolt.Tx) error {
 		e, err := loadEngine(tx, &s.cfg, s.loadWindow, s.loadDedup)
@@ -200,6 +229,9 @@ func (s *Stage) readEntry(bucket []byte, at int64, dev, metric string, decode fu
 func (s *Stage) Step() (StepResult, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.fresh(); err != nil {
+		return StepResult{}, err
+	}
 	start := s.cfg.Clock()
 	res := StepResult{Offset: s.eng.offset}
 	var full bool
@@ -248,7 +280,7 @@ func (s *Stage) Step() (StepResult, error) {
 	if err := e.loadErr; err != nil {
 		// The batch is half done: drop it and go back to the checkpoint,
 		// as after a failed commit; the next Step redoes it.
-		if rerr := s.reload(); rerr != nil {
+		if rerr := s.rollback(); rerr != nil {
 			return res, fmt.Errorf("window batch: %w (and %v)", err, rerr)
 		}
 		return res, fmt.Errorf("window batch: %w", err)
@@ -332,7 +364,7 @@ func (s *Stage) commit(checkpoint bool) error {
 		return nil
 	})
 	if err != nil {
-		if rerr := s.reload(); rerr != nil {
+		if rerr := s.rollback(); rerr != nil {
 			return fmt.Errorf("commit window batch: %w (and %v)", err, rerr)
 		}
 		return fmt.Errorf("commit window batch: %w", err)
@@ -410,6 +442,9 @@ func (s *Stage) Checkpoint() error {
 }
 
 func (s *Stage) checkpointNow() error {
+	if err := s.fresh(); err != nil {
+		return err
+	}
 	if s.eng.deltaSize() == 0 && s.eng.offset == s.checkpointOffset {
 		return nil
 	}
@@ -439,6 +474,9 @@ func (s *Stage) setBlocked(b bool) {
 func (s *Stage) Flush() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.fresh(); err != nil {
+		return err
+	}
 	if len(s.eng.pending) == 0 {
 		return s.checkpointNow()
 	}

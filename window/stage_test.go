@@ -659,3 +659,53 @@ func TestCommittedHook(t *testing.T) {
 		t.Fatalf("%d aggregates emitted, Committed called %d times; want 1 and 1", len(aggs), calls)
 	}
 }
+
+// A failed batch whose rollback also fails leaves the engine holding the
+// batch's uncommitted effects: nothing may build on them or checkpoint
+// them until a reload succeeds, after which the batch is redone and its
+// aggregate is emitted once.
+func TestStaleStageAfterAFailedRollback(t *testing.T) {
+	obs := &failingObserver{fail: true}
+	cfg := testConfig(t)
+	cfg.Observer = obs
+	p := newStepper(t, cfg)
+	var saved []byte
+	setCounters := func(v []byte) {
+		t.Helper()
+		err := p.db.Update(func(tx *bolt.Tx) error {
+			m := tx.Bucket(bucketMeta)
+			if v == nil {
+				return m.Delete(keyCounters)
+			}
+			return m.Put(keyCounters, v)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.db.View(func(tx *bolt.Tx) error {
+		saved = bytes.Clone(tx.Bucket(bucketMeta).Get(keyCounters))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	setCounters([]byte{0xff}) // the reload after the failed commit fails
+	appendAll(t, p.br, []buffer.Record{telemetry("d1", "1", t0, t0, 1), telemetry("d1", "2", t0.Add(2*time.Minute), t0.Add(2*time.Minute), 2)})
+	if _, err := p.s.Step(); err == nil || !strings.Contains(err.Error(), "alert engine unavailable") {
+		t.Fatalf("step with a failing observer = %v", err)
+	}
+	obs.fail = false
+	if _, err := p.s.Step(); err == nil {
+		t.Fatal("a step ran on a stage whose rollback failed")
+	}
+	if err := p.s.Checkpoint(); err == nil {
+		t.Fatal("a stage whose rollback failed wrote a checkpoint")
+	}
+	if n := len(readOutbox(t, p.db)); n != 0 || p.br.Checkpoint() != 0 {
+		t.Fatalf("stale stage left %d outbox rows, checkpoint %d", n, p.br.Checkpoint())
+	}
+	setCounters(saved) // the state database is readable again
+	if aggs := p.feed(); len(aggs) != 1 || aggs[0].Count != 1 {
+		t.Fatalf("after the reload: %d aggregates %+v, want the batch redone once", len(aggs), aggs)
+	}
+}
