@@ -239,8 +239,10 @@ func (in *Ingester) classify(topicName string, qos byte, retained, dup bool, pay
 	if !in.matches(topicName) {
 		return reject(ReasonNoTemplate, "topic matches no subscription template")
 	}
-	if n := int64(buffer.StoredSize(&rec)); in.maxRecordBytes > 0 && n > in.maxRecordBytes {
-		return reject(ReasonOversized, fmt.Sprintf("the record would take %d bytes, more than bronze_max_bytes (%d): it could never be stored", n, in.maxRecordBytes))
+	if in.maxRecordBytes > 0 {
+		if n := int64(buffer.StoredSize(&rec)); n > in.maxRecordBytes {
+			return reject(ReasonOversized, fmt.Sprintf("the record would take %d bytes, more than bronze_max_bytes (%d): it could never be stored", n, in.maxRecordBytes))
+		}
 	}
 	return rec
 }

@@ -138,8 +138,6 @@ func New(db *bolt.DB, src Source, cfg Config) (*Stage, error) {
 	return s, nil
 }
 
-// reload replaces the in-memory state with the stored one; after a failed
-// commit it discards the batch that was not written.
 // rollback drops the in-memory effects of a failed batch by reloading the
 // state from the last checkpoint; if that fails too, the stage is stale
 // until fresh succeeds.
@@ -164,6 +162,8 @@ func (s *Stage) fresh() error {
 	return nil
 }
 
+// reload replaces the in-memory state with the stored one; after a failed
+// commit it discards the batch that was not written.
 func (s *Stage) reload() error {
 	err := s.db.View(func(tx *bolt.Tx) error {
 		e, err := loadEngine(tx, &s.cfg, s.loadWindow, s.loadDedup)
@@ -578,6 +578,8 @@ func (s *Stage) setFailure(err error) bool {
 // publish refreshes the Stats snapshot (called with s.mu held).
 func (s *Stage) publish(res StepResult, batch bool) {
 	e := s.eng
+	// Every code, at zero until counted (New publishes first): its series
+	// exists from the start.
 	dead := make(map[string]uint64, len(codeIndex))
 	for i, c := range codeIndex {
 		dead[c] = e.c.Dead[i]
@@ -615,11 +617,7 @@ func (s *Stage) publish(res StepResult, batch bool) {
 func (s *Stage) Stats() Stats {
 	s.statsMu.Lock()
 	st := s.stats
-	// Every code, at zero until counted: its series exists from the start.
-	st.DeadLetters = make(map[string]uint64, len(Codes))
-	for _, c := range Codes {
-		st.DeadLetters[c] = 0
-	}
+	st.DeadLetters = make(map[string]uint64, len(s.stats.DeadLetters))
 	for k, v := range s.stats.DeadLetters {
 		st.DeadLetters[k] = v
 	}

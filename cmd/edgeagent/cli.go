@@ -116,23 +116,24 @@ func printGroup(w io.Writer, group string) bool {
 	if len(cs) == 0 {
 		return false
 	}
-	sort.Slice(cs, func(i, j int) bool { return cs[i].name < cs[j].name })
-	fmt.Fprintf(w, "Usage: edgeagent %s COMMAND [flags]\n\nCommands:\n", group)
-	for _, c := range cs {
-		fmt.Fprintf(w, "  %-22s %s\n", c.name, c.summary)
-	}
-	fmt.Fprintf(w, "\nRun 'edgeagent %s COMMAND --help' for a command's flags and examples.\n", group)
+	printCommands(w, group+" ", cs)
 	return true
 }
 
 func printUsage(w io.Writer) {
-	fmt.Fprintf(w, "edgeagent — durable MQTT ingest, event-time windows and uplink for edge gateways\n\nUsage: edgeagent COMMAND [flags]\n\nCommands:\n")
-	cs := append([]*command(nil), commands...)
+	fmt.Fprintf(w, "edgeagent — durable MQTT ingest, event-time windows and uplink for edge gateways\n\n")
+	printCommands(w, "", append([]*command(nil), commands...))
+}
+
+// printCommands lists cs (sorted in place) by name, under the usage line
+// of the commands that start with prefix.
+func printCommands(w io.Writer, prefix string, cs []*command) {
 	sort.Slice(cs, func(i, j int) bool { return cs[i].name < cs[j].name })
+	fmt.Fprintf(w, "Usage: edgeagent %sCOMMAND [flags]\n\nCommands:\n", prefix)
 	for _, c := range cs {
 		fmt.Fprintf(w, "  %-22s %s\n", c.name, c.summary)
 	}
-	fmt.Fprintf(w, "\nRun 'edgeagent COMMAND --help' for a command's flags and examples.\n")
+	fmt.Fprintf(w, "\nRun 'edgeagent %sCOMMAND --help' for a command's flags and examples.\n", prefix)
 }
 
 // newFlags returns a FlagSet whose --help prints the command's usage.
