@@ -122,7 +122,20 @@ type Status struct {
 	// Token is required when Listen is not a loopback address; clients send
 	// it as a bearer token.
 	Token string `yaml:"token" secret:"true"`
+	// TLS serves the endpoint over HTTPS, so the token and the figures do
+	// not cross the network in clear text.
+	TLS StatusTLS `yaml:"tls"`
 }
+
+// StatusTLS is the status endpoint's server certificate. The files are
+// read again when they change, so a renewed certificate needs no restart.
+type StatusTLS struct {
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+}
+
+// Enabled reports whether the endpoint serves HTTPS.
+func (t StatusTLS) Enabled() bool { return t.CertFile != "" }
 
 // Readings says how to read a device payload.
 type Readings struct {

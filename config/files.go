@@ -1,6 +1,7 @@
 package config
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -37,15 +38,25 @@ func (c *Config) CheckFiles() error {
 			list = append(list, &FieldError{Key: key, Msg: fmt.Sprintf("%s: %v", path, err)})
 		}
 	}
-	tls := func(prefix string, t TLS) {
+	tlsFiles := func(prefix string, t TLS) {
 		check(prefix+".ca_file", t.CAFile)
 		check(prefix+".cert_file", t.CertFile)
 		check(prefix+".key_file", t.KeyFile)
 	}
-	tls("mqtt.tls", c.MQTT.TLS)
+	tlsFiles("mqtt.tls", c.MQTT.TLS)
 	check("uplink.nats.creds_file", c.Uplink.NATS.CredsFile)
-	tls("uplink.nats.tls", c.Uplink.NATS.TLS)
-	tls("uplink.mqtt.tls", c.Uplink.MQTT.TLS)
+	tlsFiles("uplink.nats.tls", c.Uplink.NATS.TLS)
+	tlsFiles("uplink.mqtt.tls", c.Uplink.MQTT.TLS)
+	n := len(list)
+	check("status.tls.cert_file", c.Status.TLS.CertFile)
+	check("status.tls.key_file", c.Status.TLS.KeyFile)
+	if st := c.Status.TLS; len(list) == n && st.CertFile != "" && st.KeyFile != "" {
+		// Both readable: the agent would refuse to start on a pair that
+		// does not load, so say it here, with the line.
+		if _, err := tls.LoadX509KeyPair(st.CertFile, st.KeyFile); err != nil {
+			list = append(list, &FieldError{Key: "status.tls.cert_file", Msg: fmt.Sprintf("%s with %s: %v", st.CertFile, st.KeyFile, err)})
+		}
+	}
 	if len(list) == 0 {
 		return nil
 	}

@@ -350,7 +350,16 @@ func (v *validator) storage() {
 
 func (v *validator) status() {
 	s := v.c.Status
+	switch {
+	case s.TLS.CertFile != "" && s.TLS.KeyFile == "":
+		v.add("status.tls.key_file", "required with cert_file (the server certificate needs its key)")
+	case s.TLS.KeyFile != "" && s.TLS.CertFile == "":
+		v.add("status.tls.cert_file", "required with key_file (the server certificate needs both)")
+	}
 	if s.Listen == "" {
+		if s.TLS != (StatusTLS{}) {
+			v.add("status.tls", "has no effect: status.listen is empty, so the endpoint is disabled")
+		}
 		return
 	}
 	host, ok := v.hostPort("status.listen", s.Listen, "127.0.0.1:9464")

@@ -1,17 +1,11 @@
 package ingest
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
-	"net"
 	"testing"
 	"time"
 
@@ -20,6 +14,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/listeners"
 
 	"github.com/edgeagent/edgeagent/buffer"
+	"github.com/edgeagent/edgeagent/testrig/certtest"
 	"github.com/edgeagent/edgeagent/testrig/mqtttest"
 )
 
@@ -27,23 +22,7 @@ import (
 // for 127.0.0.1 and a client config that trusts it.
 func loopbackTLS(t *testing.T) (server, client *tls.Config) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
-		Subject:      pkix.Name{CommonName: "edgeagent test broker"},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	der, key := certtest.SelfSigned(t, "127.0.0.1")
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -11,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -25,17 +28,24 @@ func init() {
 	register(&command{
 		name:    "status",
 		summary: "print the running agent's numbers and warnings",
-		usage: `Usage: edgeagent status [-c FILE] [--addr HOST:PORT] [--json]
+		usage: `Usage: edgeagent status [-c FILE] [--addr [https://]HOST:PORT [--ca FILE]] [--json]
 
 Reads the running agent's status endpoint (status.listen in the config, or
 --addr) and prints the numbers that matter as a short table, with warnings
 first: backlog growing, batches slower than the trigger, outbox or Bronze
 near its bound, uplink down for long, broker disconnected.
 
+With -c, the config gives the address, the token and, when status.tls is
+set, the certificate to trust (exactly that one). With --addr, the token
+comes from $EDGEAGENT_STATUS_TOKEN; an https:// address is checked against
+the system's roots, or against the certificates in --ca (a private CA, or
+the gateway's self-signed certificate).
+
 Examples:
   edgeagent status
   edgeagent status -c ./config.yaml
   edgeagent status --addr 127.0.0.1:9464 --json
+  EDGEAGENT_STATUS_TOKEN=... edgeagent status --addr https://gw-12.plant.lan:9464 --ca gw-12.crt
 `,
 		run: statusCmd,
 	})
@@ -106,44 +116,82 @@ var inspectExtraFlags = map[string]string{
 	"bronze": " [--seq N]", "late": "", "deadletter": " [--reason CODE]", "outbox": " [--seq N]",
 }
 
-// statusTarget finds the status address and token: --addr wins, then the
-// config file.
-func statusTarget(e *env, path, addr string, explicitConfig bool) (string, string, int) {
+// statusClient finds the status endpoint and its token: --addr (with its
+// scheme and --ca) wins, then the config file.
+func statusClient(e *env, path, addr, caFile string, explicitConfig bool) (*status.Client, int) {
 	if addr != "" {
-		return addr, os.Getenv("EDGEAGENT_STATUS_TOKEN"), exitOK
+		token := os.Getenv("EDGEAGENT_STATUS_TOKEN")
+		switch {
+		case strings.HasPrefix(addr, "https://"):
+			tc, err := status.CATLS(caFile)
+			if err != nil {
+				e.errorf("--ca: %v", err)
+				return nil, exitUsage
+			}
+			return status.NewClient(strings.TrimSuffix(strings.TrimPrefix(addr, "https://"), "/"), token, tc), exitOK
+		case caFile != "":
+			e.errorf("--ca needs an https:// --addr")
+			return nil, exitUsage
+		}
+		return status.NewClient(strings.TrimSuffix(strings.TrimPrefix(addr, "http://"), "/"), token, nil), exitOK
+	}
+	if caFile != "" {
+		e.errorf("--ca needs an https:// --addr (with -c, status.tls.cert_file is trusted)")
+		return nil, exitUsage
 	}
 	if _, err := os.Stat(path); err != nil && !explicitConfig {
-		return "127.0.0.1:9464", "", exitOK
+		return status.NewClient("127.0.0.1:9464", "", nil), exitOK
 	}
 	cfg, code := loadConfig(e, path, false)
 	if cfg == nil {
-		return "", "", code
+		return nil, code
 	}
 	if cfg.Status.Listen == "" {
 		e.errorf("status.listen is empty in %s: the status endpoint is disabled; set it (e.g. 127.0.0.1:9464) and restart the agent", path)
-		return "", "", exitFail
+		return nil, exitFail
 	}
-	return cfg.Status.Listen, cfg.Status.Token, exitOK
+	return configStatusClient(e, cfg)
+}
+
+// configStatusClient is the client for the endpoint the config describes,
+// pinned to its TLS certificate when it has one.
+func configStatusClient(e *env, cfg *config.Config) (*status.Client, int) {
+	var tc *tls.Config
+	if cfg.Status.TLS.Enabled() {
+		var err error
+		if tc, err = status.PinnedTLS(cfg.Status.TLS.CertFile); err != nil {
+			e.errorf("status.tls.cert_file: %v", err)
+			return nil, exitConfig
+		}
+	}
+	return status.NewClient(cfg.Status.Listen, cfg.Status.Token, tc), exitOK
 }
 
 func statusCmd(ctx context.Context, e *env, args []string) int {
 	c := lookup("status")
 	fs := newFlags(c, e)
-	path := fs.String("c", defaultConfigPath, "config file (for status.listen and status.token)")
-	addr := fs.String("addr", "", "status endpoint address, instead of the config's status.listen")
+	path := fs.String("c", defaultConfigPath, "config file (for status.listen, status.token and status.tls)")
+	addr := fs.String("addr", "", "status endpoint address (host:port, or https://host:port), instead of the config's")
+	caFile := fs.String("ca", "", "with an https:// --addr: PEM certificates to trust instead of the system's roots")
 	asJSON := fs.Bool("json", false, "print the raw /status.json")
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
-	listen, token, code := statusTarget(e, *path, *addr, flagSet(fs, "c"))
-	if listen == "" {
+	client, code := statusClient(e, *path, *addr, *caFile, flagSet(fs, "c"))
+	if client == nil {
 		return code
 	}
-	snap, err := status.NewClient(listen, token).Snapshot(ctx)
+	snap, err := client.Snapshot(ctx)
 	if err != nil {
-		if errors.Is(err, status.ErrNotRunning) {
-			e.errorf("the agent is not running (nothing listens on %s). Start it with: systemctl start edgeagent (or edgeagent run -c FILE)", listen)
-		} else {
+		var unknownCA x509.UnknownAuthorityError
+		switch {
+		case errors.Is(err, status.ErrNotRunning):
+			e.errorf("the agent is not running (nothing listens on %s). Start it with: systemctl start edgeagent (or edgeagent run -c FILE)", client.Base)
+		case errors.As(err, &unknownCA):
+			e.errorf("%v\nTrust the gateway's certificate (status.tls.cert_file) or its CA with --ca FILE.", err)
+		case strings.Contains(err.Error(), "HTTP request to an HTTPS server"):
+			e.errorf("%v\nThe endpoint serves HTTPS (status.tls): use --addr https://HOST:PORT.", err)
+		default:
 			e.errorf("%v", err)
 		}
 		return exitFail
@@ -265,8 +313,12 @@ func inspectCmd(ctx context.Context, e *env, table string, args []string) int {
 	var rows any
 	viaEndpoint := false
 	if cfg.Status.Listen != "" {
+		client, code := configStatusClient(e, cfg)
+		if client == nil {
+			return code
+		}
 		var raw json.RawMessage
-		err := status.NewClient(cfg.Status.Listen, cfg.Status.Token).Inspect(ctx, table, vals, &raw)
+		err := client.Inspect(ctx, table, vals, &raw)
 		switch {
 		case err == nil:
 			rows, viaEndpoint = raw, true

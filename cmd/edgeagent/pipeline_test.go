@@ -111,7 +111,7 @@ uplink:
 	var snap status.Snapshot
 	mqtttest.WaitFor(t, 30*time.Second, "every record processed", func() bool {
 		var err error
-		snap, err = status.NewClient(statusAddr, "").Snapshot(t.Context())
+		snap, err = status.NewClient(statusAddr, "", nil).Snapshot(t.Context())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -160,6 +160,7 @@ func Open(cfg *config.Config, opts Options) (*Agent, error) {
 		}
 		src := &statusSource{a: a, tables: tables, started: opts.Clock(), config: redacted}
 		a.Status, err = status.New(status.Config{Listen: cfg.Status.Listen, Token: cfg.Status.Token,
+			CertFile: cfg.Status.TLS.CertFile, KeyFile: cfg.Status.TLS.KeyFile,
 			TriggerInterval: time.Duration(cfg.Processing.TriggerInterval), Logger: opts.Logger.With("component", "status"), Clock: opts.Clock}, src)
 		if err != nil {
 			a.Close()

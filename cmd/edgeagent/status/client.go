@@ -1,7 +1,10 @@
 package status
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,20 +20,32 @@ import (
 // status address: the agent is stopped (or its endpoint is disabled).
 var ErrNotRunning = errors.New("status: no agent is listening")
 
-// Client reads a running agent's endpoint.
+// Client reads a running agent's endpoint: one GET per connection, HTTP/1.1
+// written by hand over net (and crypto/tls), since net/http's client
+// Transport would add about 100 KiB to a binary that needs one request
+// at a time.
 type Client struct {
 	Base  string // http://127.0.0.1:9464
 	Token string
-	HTTP  *http.Client
+	// Timeout bounds a whole request: dial, handshake, answer.
+	Timeout time.Duration
+
+	addr string      // host:port dialled
+	tls  *tls.Config // nil: plain HTTP
 }
 
-// NewClient returns a client for a status.listen address.
-func NewClient(listen, token string) *Client {
+// NewClient returns a client for a status.listen address, over HTTPS with
+// tc when tc is not nil.
+func NewClient(listen, token string, tc *tls.Config) *Client {
 	host, port, err := net.SplitHostPort(listen)
 	if err == nil && (host == "" || host == "0.0.0.0" || host == "::") {
 		listen = net.JoinHostPort("127.0.0.1", port)
 	}
-	return &Client{Base: "http://" + listen, Token: token, HTTP: &http.Client{Timeout: 10 * time.Second}}
+	c := &Client{Base: "http://" + listen, Token: token, Timeout: 10 * time.Second, addr: listen, tls: tc}
+	if tc != nil {
+		c.Base = "https://" + listen
+	}
+	return c
 }
 
 // Snapshot fetches /status.json.
@@ -46,34 +61,75 @@ func (c *Client) Inspect(ctx context.Context, table string, q url.Values, out an
 }
 
 func (c *Client) get(ctx context.Context, path string, q url.Values, out any) error {
-	u := c.Base + path
 	if len(q) > 0 {
-		u += "?" + q.Encode()
+		path += "?" + q.Encode()
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return fmt.Errorf("status: %w", err)
-	}
-	if c.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.Token)
-	}
-	resp, err := c.HTTP.Do(req)
+	u := c.Base + path
+	resp, body, err := c.do(ctx, path)
 	if err != nil {
 		if errors.Is(err, syscall.ECONNREFUSED) {
 			return fmt.Errorf("%w on %s", ErrNotRunning, c.Base)
 		}
 		return fmt.Errorf("status: GET %s: %w", u, err)
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return fmt.Errorf("status: read %s: %w", u, err)
-	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("status: GET %s: %s: %s", u, resp.Status, body)
+		return fmt.Errorf("status: GET %s: %s: %s", u, resp.Status, bytes.TrimSpace(body))
 	}
 	if err := json.Unmarshal(body, out); err != nil {
 		return fmt.Errorf("status: decode %s: %w", u, err)
 	}
 	return nil
+}
+
+// maxBody bounds an answer read into memory (an inspect page of large
+// payloads).
+const maxBody = 64 << 20
+
+func (c *Client) do(ctx context.Context, path string) (*http.Response, []byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
+	defer cancel()
+	var conn net.Conn
+	var err error
+	if c.tls != nil {
+		tc := c.tls.Clone()
+		if tc.ServerName == "" {
+			tc.ServerName, _, _ = net.SplitHostPort(c.addr)
+		}
+		conn, err = (&tls.Dialer{Config: tc}).DialContext(ctx, "tcp", c.addr)
+	} else {
+		conn, err = (&net.Dialer{}).DialContext(ctx, "tcp", c.addr)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	var req bytes.Buffer
+	fmt.Fprintf(&req, "GET %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: edgeagent\r\nAccept: application/json\r\nConnection: close\r\n", path, c.addr)
+	if c.Token != "" {
+		fmt.Fprintf(&req, "Authorization: Bearer %s\r\n", c.Token)
+	}
+	req.WriteString("\r\n")
+	if _, err := conn.Write(req.Bytes()); err != nil {
+		return nil, nil, ctxErr(ctx, err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return nil, nil, ctxErr(ctx, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the answer: %w", ctxErr(ctx, err))
+	}
+	return resp, body, nil
+}
+
+// ctxErr names the deadline or cancellation behind an I/O error it caused.
+func ctxErr(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		return fmt.Errorf("%w (%v)", cerr, err)
+	}
+	return err
 }

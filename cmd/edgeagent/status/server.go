@@ -3,6 +3,7 @@ package status
 import (
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -50,6 +51,8 @@ type Config struct {
 	// Token, when set, is required as "Authorization: Bearer TOKEN" (or
 	// ?token=) on every endpoint except /healthz.
 	Token string
+	// CertFile and KeyFile, when set, make the endpoint serve HTTPS.
+	CertFile, KeyFile string
 	// Limits feed the warnings: the trigger interval a batch should fit in.
 	TriggerInterval time.Duration
 	Logger          *slog.Logger
@@ -62,11 +65,12 @@ var ErrNotLoopback = errors.New("status: binding to a non-loopback address requi
 
 // Server is the status endpoint.
 type Server struct {
-	cfg Config
-	src Source
-	srv *http.Server
-	ln  net.Listener
-	wg  sync.WaitGroup
+	cfg   Config
+	src   Source
+	srv   *http.Server
+	ln    net.Listener
+	certs *certReloader // nil: plain HTTP
+	wg    sync.WaitGroup
 
 	mu      sync.Mutex
 	samples []sample
@@ -95,6 +99,14 @@ func New(cfg Config, src Source) (*Server, error) {
 		return nil, ErrNotLoopback
 	}
 	s := &Server{cfg: cfg, src: src}
+	if cfg.CertFile != "" {
+		if s.certs, err = newCertReloader(cfg.CertFile, cfg.KeyFile, cfg.Logger); err != nil {
+			return nil, err
+		}
+	} else if !isLoopback(host) {
+		cfg.Logger.Warn("status endpoint reachable beyond this machine over plain HTTP: its token and figures cross the network in clear text; set status.tls",
+			"addr", cfg.Listen)
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /readyz", s.auth(s.readyz))
@@ -120,6 +132,9 @@ func (s *Server) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("status: listen on %s: %w", s.cfg.Listen, err)
 	}
+	if s.certs != nil {
+		ln = tls.NewListener(ln, &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: s.certs.get})
+	}
 	s.ln = ln
 	ctx, s.cancel = context.WithCancel(ctx)
 	s.wg.Add(2)
@@ -133,7 +148,7 @@ func (s *Server) Start(ctx context.Context) error {
 		defer s.wg.Done()
 		s.sampleLoop(ctx)
 	}()
-	s.cfg.Logger.Info("status endpoint listening", "addr", ln.Addr().String())
+	s.cfg.Logger.Info("status endpoint listening", "addr", ln.Addr().String(), "tls", s.certs != nil)
 	return nil
 }
 

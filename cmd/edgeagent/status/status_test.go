@@ -201,7 +201,7 @@ func TestTokenRequiredOffLoopback(t *testing.T) {
 	if code, _ := get(t, base+"/healthz", ""); code != 200 {
 		t.Errorf("/healthz must not need the token: %d", code)
 	}
-	c := NewClient(s.Addr(), "s3cret")
+	c := NewClient(s.Addr(), "s3cret", nil)
 	if snap, err := c.Snapshot(context.Background()); err != nil || snap.Gateway != "gw-7" {
 		t.Errorf("client with token: %v %+v", err, snap)
 	}
@@ -243,7 +243,7 @@ func TestNotRunning(t *testing.T) {
 	s := startServer(t, Config{}, &fakeSource{})
 	addr := s.Addr()
 	s.Close()
-	if _, err := NewClient(addr, "").Snapshot(context.Background()); !errors.Is(err, ErrNotRunning) {
+	if _, err := NewClient(addr, "", nil).Snapshot(context.Background()); !errors.Is(err, ErrNotRunning) {
 		t.Errorf("client against a stopped agent: %v, want ErrNotRunning", err)
 	}
 }
