@@ -67,8 +67,11 @@ type Bronze struct {
 
 	lastSeq    atomic.Uint64
 	checkpoint atomic.Uint64
-	full       atomic.Bool
-	closed     atomic.Bool
+	// revFloor is the highest revision the window stage has committed,
+	// kept here too (see SetRevisionFloor).
+	revFloor atomic.Uint64
+	full     atomic.Bool
+	closed   atomic.Bool
 }
 
 var (
@@ -78,6 +81,7 @@ var (
 	keyRecords = []byte("records")
 	keyBytes   = []byte("bytes")
 	keyFormat  = []byte("format")
+	keyRevs    = []byte("revision_floor")
 )
 
 // logFormat is the layout of the log bucket: 2 is chunks of records, each
@@ -102,7 +106,6 @@ func Open(path string, opts Options) (*Bronze, error) {
 	if opts.Clock == nil {
 		opts.Clock = time.Now
 	}
-	bo := boltkv.Options(opts.ReadOnly)
 	if opts.ReadOnly {
 		if _, err := os.Stat(path); err != nil {
 			return nil, fmt.Errorf("open bronze %s: %w", path, err)
@@ -110,7 +113,7 @@ func Open(path string, opts Options) (*Bronze, error) {
 	}
 	// Group-readable, so that the umask decides: under the unit's
 	// UMask=0027 members of group edgeagent can inspect a stopped agent.
-	db, err := bolt.Open(path, 0o640, bo)
+	db, err := boltkv.Open(path, 0o640, opts.ReadOnly)
 	if err != nil {
 		if errors.Is(err, bolt.ErrTimeout) {
 			return nil, fmt.Errorf("open bronze %s: locked by another process (is the agent running? use the status endpoint instead): %w", path, err)
@@ -139,6 +142,7 @@ func Open(path string, opts Options) (*Bronze, error) {
 		b.next = max(boltkv.Uint(m, keyNext), 1)
 		b.records = int64(boltkv.Uint(m, keyRecords))
 		b.bytes = int64(boltkv.Uint(m, keyBytes))
+		b.revFloor.Store(boltkv.Uint(m, keyRevs))
 		return nil
 	}
 	if opts.ReadOnly {
@@ -462,6 +466,43 @@ func eachRecord(first uint64, v []byte, fn func(seq uint64, rec []byte) (bool, e
 	return nil
 }
 
+// SkipTo makes the next record's sequence at least seq+1 and reports
+// whether it moved. After the log was lost, or replaced by an older copy,
+// the window stage's offset is past the log's end: reusing those sequences
+// would make new records look processed, and they would be acknowledged
+// to the broker and never windowed.
+func (b *Bronze) SkipTo(seq uint64) (bool, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.next > seq {
+		return false, nil
+	}
+	if err := b.db.Update(func(tx *bolt.Tx) error { return b.putMeta(tx, seq+1, b.records, b.bytes) }); err != nil {
+		return false, fmt.Errorf("bronze: continue after sequence %d: %w", seq, err)
+	}
+	b.next = seq + 1
+	b.lastSeq.Store(seq)
+	return true, nil
+}
+
+// SetRevisionFloor records rev, the highest revision the window stage has
+// committed, to be written with the next append (within a clock tick).
+// The log outlives a damaged or deleted state database, whose own record
+// of it is lost with it: a stage rebuilt from Bronze then continues above
+// the floor (RevisionFloor), so the cloud's keep-the-highest-revision
+// upsert takes the rebuilt windows instead of ignoring them as stale.
+func (b *Bronze) SetRevisionFloor(rev uint32) {
+	for {
+		cur := b.revFloor.Load()
+		if uint64(rev) <= cur || b.revFloor.CompareAndSwap(cur, uint64(rev)) {
+			return
+		}
+	}
+}
+
+// RevisionFloor is the highest revision recorded by SetRevisionFloor.
+func (b *Bronze) RevisionFloor() uint32 { return uint32(b.revFloor.Load()) }
+
 // LastSeq is the sequence of the newest committed record (0 when empty).
 func (b *Bronze) LastSeq() uint64 { return b.lastSeq.Load() }
 
@@ -562,6 +603,13 @@ func (b *Bronze) trimTx(tx *bolt.Tx, checkpoint uint64, cutoff, over int64, limi
 
 func (b *Bronze) putMeta(tx *bolt.Tx, next uint64, records, bytes int64) error {
 	m := tx.Bucket(bucketMeta)
+	// Written with every commit (it only grows), so a failed commit
+	// leaves nothing to track.
+	if f := b.revFloor.Load(); f > 0 {
+		if err := boltkv.PutUint(m, keyRevs, f); err != nil {
+			return err
+		}
+	}
 	for _, kv := range []struct {
 		k []byte
 		v uint64

@@ -287,3 +287,43 @@ func TestAppendWritesPageSizedChunks(t *testing.T) {
 	}
 	sameRecords(t, "all", readStored(t, b, 1, len(all)+1), all)
 }
+
+// TestSkipTo: after SkipTo(n) the next record is n+1, also after a
+// reopen, and a SkipTo behind the log's end changes nothing.
+func TestSkipTo(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "bronze.db")
+	b, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1_700_000_000, 0)
+	appendChunks(t, b, t0, 3)
+	if moved, err := b.SkipTo(2); err != nil || moved {
+		t.Fatalf("SkipTo behind the end: moved %v, %v", moved, err)
+	}
+	if moved, err := b.SkipTo(500); err != nil || !moved || b.LastSeq() != 500 {
+		t.Fatalf("SkipTo(500): moved %v, %v, last %d", moved, err, b.LastSeq())
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if b, err = Open(path, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	rec := []Record{{Kind: KindMessage, ReceivedAt: t0.UnixNano(), Topic: "d/x/t", QoS: 1, Payload: []byte("{}")}}
+	if err := b.Append(rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec[0].Seq != 501 {
+		t.Fatalf("the record after SkipTo(500) and a reopen is %d, want 501", rec[0].Seq)
+	}
+	got, err := b.Read(4, 10)
+	if err != nil || len(got) != 1 || got[0].Seq != 501 {
+		t.Fatalf("Read(4) = %+v, %v: want record 501 alone", got, err)
+	}
+	st, err := b.Stats()
+	if err != nil || st.FirstSeq != 1 || st.LastSeq != 501 || st.Records != 4 {
+		t.Fatalf("Stats = %+v, %v", st, err)
+	}
+}

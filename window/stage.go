@@ -132,10 +132,51 @@ func New(db *bolt.DB, src Source, cfg Config) (*Stage, error) {
 	if err := s.reload(); err != nil {
 		return nil, err
 	}
+	if err := s.raiseToRevisionFloor(); err != nil {
+		return nil, err
+	}
 	src.SetCheckpoint(s.eng.offset)
 	s.checkpointAt = s.cfg.Clock()
 	s.publish(StepResult{}, false)
 	return s, nil
+}
+
+// revisionFloor is a Source that keeps the highest committed revision
+// (buffer.Bronze): it outlives a lost or damaged state database.
+type revisionFloor interface {
+	SetRevisionFloor(rev uint32)
+	RevisionFloor() uint32
+}
+
+// raiseToRevisionFloor makes revisions continue above the source's floor
+// when the state database knows fewer: it was lost, damaged and moved
+// aside, or restored from an older copy. Windows rebuilt from Bronze then
+// go out above every revision already sent, so the cloud's upsert takes
+// them instead of keeping stale ones.
+func (s *Stage) raiseToRevisionFloor() error {
+	src, ok := s.src.(revisionFloor)
+	if !ok {
+		return nil
+	}
+	floor, e := src.RevisionFloor(), s.eng
+	if floor <= e.highRev {
+		src.SetRevisionFloor(e.highRev) // a Bronze file newer than this state's revisions
+		return nil
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		r := tx.Bucket(bucketRevs)
+		if err := putU64(r, keyHighRev, uint64(floor)); err != nil {
+			return err
+		}
+		return putU64(r, keyRevBase, uint64(max(floor, e.revBase)))
+	})
+	if err != nil {
+		return fmt.Errorf("raise revisions to Bronze's floor %d: %w", floor, err)
+	}
+	s.log.Warn("window: the state database knows fewer revisions than Bronze recorded (it was lost or restored from an older copy): new revisions continue above Bronze's",
+		"state_highest_revision", e.highRev, "bronze_revision_floor", floor)
+	e.highRev, e.revBase = floor, max(floor, e.revBase)
+	return nil
 }
 
 // rollback drops the in-memory effects of a failed batch by reloading the
@@ -374,6 +415,9 @@ func (s *Stage) commit(checkpoint bool) error {
 	}
 	if deadEvicted == 0 && e.c.DeadEvicted > 0 {
 		s.log.Warn("window: dead-letter table full, evicting oldest rows", "max_rows", s.cfg.MaxDeadLetterRows)
+	}
+	if f, ok := s.src.(revisionFloor); ok && e.revsDirty {
+		f.SetRevisionFloor(e.highRev)
 	}
 	e.resetOutputs()
 	if checkpoint {

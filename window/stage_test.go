@@ -709,3 +709,56 @@ func TestStaleStageAfterAFailedRollback(t *testing.T) {
 		t.Fatalf("after the reload: %d aggregates %+v, want the batch redone once", len(aggs), aggs)
 	}
 }
+
+// TestLostStateContinuesAboveBronzesRevisionFloor: Bronze keeps the highest
+// committed revision; a state database lost (or moved aside when damaged)
+// and rebuilt from Bronze sends every window above it, where the cloud's
+// upsert takes them, not at revision 1, where it would keep the old ones.
+func TestLostStateContinuesAboveBronzesRevisionFloor(t *testing.T) {
+	cfg := testConfig(t)
+	recs := genStream(22, cfg, genOpts{devices: 4, duration: 15 * time.Minute, period: 10 * time.Second, lateRate: 0.1})
+	bronzePath := filepath.Join(t.TempDir(), "bronze.db")
+	br := openBronze(t, bronzePath)
+	appendAll(t, br, recs)
+	db := openDB(t, "", true)
+	s, err := New(db, br, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runToEnd(t, s)
+	var high uint32
+	for _, a := range decodeOutbox(t, db) {
+		high = max(high, a.Rev)
+	}
+	if high < 2 {
+		t.Fatalf("the stream made no revisions (highest %d): the test needs some", high)
+	}
+	if got := br.RevisionFloor(); got != high {
+		t.Fatalf("Bronze's floor is %d after the run, want the highest revision %d", got, high)
+	}
+	// One more append writes the floor; a reopened log reads it back.
+	appendAll(t, br, []buffer.Record{tick(t0.Add(time.Hour))})
+	if err := br.Close(); err != nil {
+		t.Fatal(err)
+	}
+	br = openBronze(t, bronzePath)
+	if got := br.RevisionFloor(); got != high {
+		t.Fatalf("reopened Bronze's floor is %d, want %d", got, high)
+	}
+
+	fresh := openDB(t, "", true) // state.db lost
+	s2, err := New(fresh, br, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runToEnd(t, s2)
+	rebuilt := decodeOutbox(t, fresh)
+	if len(rebuilt) == 0 {
+		t.Fatal("nothing rebuilt")
+	}
+	for _, a := range rebuilt {
+		if a.Rev <= high {
+			t.Fatalf("rebuilt %s has rev %d, not above Bronze's floor %d", a.Key, a.Rev, high)
+		}
+	}
+}

@@ -303,8 +303,9 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 		log.Error("cannot start", "err", err)
 		var hint *agent.HintError
 		if errors.As(err, &hint) {
-			// A config the saved state does not match: like an invalid
-			// config, a restart cannot fix it (RestartPreventExitStatus=3).
+			// A config the saved state does not match, or a damaged data
+			// file: like an invalid config, a restart cannot fix it
+			// (RestartPreventExitStatus=3).
 			fmt.Fprintf(e.stderr, "edgeagent: %s\n", hint.Hint)
 			return exitConfig
 		}

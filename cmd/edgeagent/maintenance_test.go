@@ -1,7 +1,9 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgeagent/edgeagent/cmd/edgeagent/status"
 	"github.com/edgeagent/edgeagent/testrig/mqtttest"
 	"github.com/edgeagent/edgeagent/testrig/natstest"
 	"github.com/edgeagent/edgeagent/uplink/wire"
@@ -150,4 +153,108 @@ uplink:
 			t.Errorf("2m window at minute %d: rev %d (must exceed %d), sum %v", m, a.Rev, maxOld, *a.Sum)
 		}
 	}
+}
+
+// A lost bronze.db (deleted, or restored from an older copy) leaves the
+// window stage's offset past the new log's end: the agent says so, and new
+// records are numbered after the offset, so they are windowed instead of
+// being taken for processed ones.
+func TestLostBronzeContinuesAfterTheOffset(t *testing.T) {
+	dir := t.TempDir()
+	mqttAddr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+	statusAddr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+	cfgPath := writeConfig(t, dir, embeddedAgentConfig("lost-gw", dir, mqttAddr)+fmt.Sprintf(`
+status: {listen: "%s"}
+processing: {trigger_interval: 50ms}
+`, statusAddr))
+	readings := func() uint64 {
+		var snap status.Snapshot
+		if err := json.Unmarshal([]byte(httpGet(t, "http://"+statusAddr+"/status.json", 200)), &snap); err != nil {
+			t.Fatal(err)
+		}
+		return snap.Window.ReadingsTotal
+	}
+	publish := func(dev string, n int) {
+		pub := mqtttest.NewPublisher(t, "tcp://"+mqttAddr, dev)
+		for i := range n {
+			pub.Publish(t, "sensors/"+dev+"/telemetry", 1, fmt.Appendf(nil, `{"id":"%s-%d","ts":%d,"v":%d}`, dev, i, time.Now().UnixMilli(), i))
+		}
+	}
+
+	p := startAgent(t, "run", "-c", cfgPath)
+	p.waitLog(t, "embedded broker listening")
+	publish("press-1", 30)
+	mqtttest.WaitFor(t, 20*time.Second, "30 readings processed", func() bool { return readings() == 30 })
+	p.stop(t)
+
+	if err := os.Remove(filepath.Join(dir, "data", "bronze.db")); err != nil {
+		t.Fatal(err)
+	}
+	p = startAgent(t, "run", "-c", cfgPath)
+	p.waitLog(t, "embedded broker listening")
+	if !strings.Contains(p.logs.String(), "the log ends before the window stage's offset") {
+		t.Errorf("no warning about the lost log:\n%s", p.logs)
+	}
+	publish("press-2", 10)
+	mqtttest.WaitFor(t, 20*time.Second, "the new device's readings processed", func() bool { return readings() == 40 })
+	p.stop(t)
+}
+
+// A damaged data file stops the agent with the file named and the step
+// that recovers (exit 3: a restart cannot fix it), never a panic; with the
+// file moved aside as told, the agent runs and windows new readings.
+func TestDamagedDataFiles(t *testing.T) {
+	dir := t.TempDir()
+	mqttAddr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+	cfgPath := writeConfig(t, dir, embeddedAgentConfig("damaged-gw", dir, mqttAddr)+"\nstatus: {listen: \"\"}\n")
+	p := startAgent(t, "run", "-c", cfgPath)
+	p.waitLog(t, "embedded broker listening")
+	pub := mqtttest.NewPublisher(t, "tcp://"+mqttAddr, "press-1")
+	for i := range 200 {
+		pub.Publish(t, "sensors/press-1/telemetry", 1, fmt.Appendf(nil, `{"id":"%d","ts":%d,"v":%d}`, i, time.Now().UnixMilli(), i))
+	}
+	p.stop(t)
+
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, file := range []string{"bronze.db", "state.db"} {
+		path := filepath.Join(dir, "data", file)
+		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		junk := make([]byte, 14*4096)
+		for i := range junk {
+			junk[i] = byte(rng.Uint32())
+		}
+		// Pages 2 to 15: the meta pages survive, the tree does not.
+		if _, err := f.WriteAt(junk, 2*4096); err != nil {
+			t.Fatal(err)
+		}
+		if file == "state.db" {
+			// And the meta pages: bbolt refuses the file outright.
+			if _, err := f.WriteAt(junk[:2*4096], 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command(agentBin, "run", "-c", cfgPath).CombinedOutput()
+		if exitCode(err) != exitConfig || !strings.Contains(string(out), path+" is damaged") ||
+			!strings.Contains(string(out), "mv "+path+" "+path+".damaged") || strings.Contains(string(out), "panic") {
+			t.Fatalf("run with a damaged %s: %v\n%s", file, err, out)
+		}
+		if file == "state.db" {
+			out, err := exec.Command(agentBin, "reset-state", "-c", cfgPath, "--yes").CombinedOutput()
+			if exitCode(err) != exitFail || !strings.Contains(string(out), ".damaged") || strings.Contains(string(out), "Stop the agent") {
+				t.Errorf("reset-state with a damaged state.db: %v\n%s", err, out)
+			}
+		}
+		if err := os.Rename(path, path+".damaged"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p = startAgent(t, "run", "-c", cfgPath)
+	p.waitLog(t, "embedded broker listening")
+	p.stop(t)
 }

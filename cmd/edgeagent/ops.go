@@ -22,6 +22,7 @@ import (
 	"github.com/edgeagent/edgeagent/cmd/edgeagent/status"
 	"github.com/edgeagent/edgeagent/config"
 	"github.com/edgeagent/edgeagent/window"
+	bolt "go.etcd.io/bbolt"
 )
 
 func init() {
@@ -386,6 +387,22 @@ func printRows(e *env, rows any) int {
 	return exitOK
 }
 
+// openFailed reports a data file a maintenance command could not open,
+// with the next step: stop the agent (the file is locked), or move a
+// damaged file aside.
+func openFailed(e *env, err error, dataDir, file, cmd string) int {
+	var hint *agent.HintError
+	switch {
+	case errors.Is(err, bolt.ErrTimeout):
+		e.errorf("%v. Stop the agent first (systemctl stop edgeagent), then run %s again.", err, cmd)
+	case errors.As(agent.Damaged(err, dataDir, file), &hint):
+		e.errorf("%v\n%s", err, hint.Hint)
+	default:
+		e.errorf("%v", err)
+	}
+	return exitFail
+}
+
 func resetStateCmd(_ context.Context, e *env, args []string) int {
 	c := lookup("reset-state")
 	fs := newFlags(c, e)
@@ -404,8 +421,7 @@ func resetStateCmd(_ context.Context, e *env, args []string) int {
 	}
 	db, err := agent.OpenState(cfg.DataDir, false)
 	if err != nil {
-		e.errorf("%v. Stop the agent first (systemctl stop edgeagent), then run reset-state again.", err)
-		return exitFail
+		return openFailed(e, err, cfg.DataDir, agent.StateFile, "reset-state")
 	}
 	defer db.Close()
 	if err := window.ResetState(db); err != nil {
@@ -449,14 +465,12 @@ func replayCmd(_ context.Context, e *env, args []string) int {
 	}
 	db, err := agent.OpenState(cfg.DataDir, false)
 	if err != nil {
-		e.errorf("%v. Stop the agent first (systemctl stop edgeagent), then run replay again.", err)
-		return exitFail
+		return openFailed(e, err, cfg.DataDir, agent.StateFile, "replay")
 	}
 	defer db.Close()
 	b, err := buffer.Open(filepath.Join(cfg.DataDir, agent.BronzeFile), buffer.Options{ReadOnly: true})
 	if err != nil {
-		e.errorf("%v", err)
-		return exitFail
+		return openFailed(e, err, cfg.DataDir, agent.BronzeFile, "replay")
 	}
 	defer b.Close()
 	wcfg, err := agent.WindowConfig(cfg, *path, newLogger(e.stderr, cfg.Log.Format, cfg.Log.Level), time.Now)

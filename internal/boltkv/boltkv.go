@@ -1,15 +1,18 @@
 // Package boltkv holds the few bbolt encodings the stores share: big-endian
 // sequence keys, which sort in numeric order, 8-byte counters, the arena
-// their Put values are cut from, and the databases' options.
+// their Put values are cut from, and the databases' options and opening.
 package boltkv
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 // Key returns seq as an 8-byte big-endian key. Each call returns new
@@ -41,6 +44,78 @@ func PutUint(b *bolt.Bucket, k []byte, v uint64) error {
 // AddInt adds delta to an 8-byte counter.
 func AddInt(b *bolt.Bucket, k []byte, delta int64) error {
 	return PutUint(b, k, uint64(int64(Uint(b, k))+delta))
+}
+
+// ErrDamaged marks a database file that bbolt cannot read: not a bbolt
+// file, a bad checksum, or pages that are not what the file's structure
+// says (bbolt panics on those while it rebuilds the freelist at open).
+var ErrDamaged = errors.New("the file is damaged")
+
+// Open opens the database at path with Options, reporting a damaged file
+// as ErrDamaged instead of bbolt's panic or its bare format errors.
+//
+// A writable open of a file whose freelist is not stored (NoFreelistSync)
+// makes bbolt walk every page to rebuild it, and a damaged page there
+// panics in a goroutine of bbolt's, where no recover reaches: the process
+// dies with a stack trace and restarts into the same panic. So an existing
+// file is first walked here, read-only and under recover, through the same
+// page reads; the walk costs about what bbolt's own costs, and the second
+// one finds the pages in the page cache.
+func Open(path string, mode os.FileMode, readOnly bool) (*bolt.DB, error) {
+	if !readOnly {
+		if _, err := os.Stat(path); err == nil {
+			if err := walk(path); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return open(path, mode, readOnly)
+}
+
+func open(path string, mode os.FileMode, readOnly bool) (db *bolt.DB, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			db, err = nil, fmt.Errorf("%w: %v", ErrDamaged, r)
+		}
+	}()
+	db, err = bolt.Open(path, mode, Options(readOnly))
+	if errors.Is(err, berrors.ErrInvalid) || errors.Is(err, berrors.ErrChecksum) || errors.Is(err, berrors.ErrVersionMismatch) {
+		return nil, fmt.Errorf("%w: %w", ErrDamaged, err)
+	}
+	return db, err
+}
+
+// walk reads every page of the file's tree (every bucket, key and value)
+// in a read-only transaction, turning bbolt's panic on a damaged page into
+// ErrDamaged.
+func walk(path string) (err error) {
+	db, err := open(path, 0, true)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v", ErrDamaged, r)
+		}
+	}()
+	return db.View(func(tx *bolt.Tx) error {
+		return tx.ForEach(func(_ []byte, b *bolt.Bucket) error { return walkBucket(b) })
+	})
+}
+
+func walkBucket(b *bolt.Bucket) error {
+	c := b.Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if v == nil {
+			if nested := b.Bucket(k); nested != nil {
+				if err := walkBucket(nested); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // Options are the bbolt options of the agent's databases.

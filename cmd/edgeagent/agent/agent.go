@@ -92,12 +92,12 @@ func Open(cfg *config.Config, opts Options) (*Agent, error) {
 		Clock:     opts.Clock,
 	})
 	if err != nil {
-		return nil, err
+		return nil, Damaged(err, cfg.DataDir, BronzeFile)
 	}
 	a.State, err = OpenState(cfg.DataDir, false)
 	if err != nil {
 		a.Close()
-		return nil, err
+		return nil, Damaged(err, cfg.DataDir, StateFile)
 	}
 	icfg, err := ingestConfig(cfg, opts.Logger, opts.Clock)
 	if err != nil {
@@ -135,6 +135,10 @@ func Open(cfg *config.Config, opts Options) (*Agent, error) {
 		}
 		return nil, fmt.Errorf("open window stage: %w", err)
 	}
+	if err := a.continueBronze(); err != nil {
+		a.Close()
+		return nil, err
+	}
 	if ucfg, ok, err := uplinkConfig(cfg, opts.Logger, opts.Clock); err != nil {
 		a.Close()
 		return nil, err
@@ -170,6 +174,41 @@ func Open(cfg *config.Config, opts Options) (*Agent, error) {
 	return a, nil
 }
 
+// Damaged adds the recovery step to the error of a data file bbolt cannot
+// read. A restart cannot fix it, so the agent exits as for an invalid
+// config, and systemd does not restart it into the same error.
+func Damaged(err error, dataDir, file string) error {
+	if !errors.Is(err, boltkv.ErrDamaged) {
+		return err
+	}
+	path := filepath.Join(dataDir, file)
+	hint := fmt.Sprintf("%s is damaged and cannot be read. Keep it for analysis and start without it: mv %s %s.damaged", path, path, path)
+	switch file {
+	case BronzeFile:
+		hint += "; the agent starts a new log and numbers its records after what the window stage processed. Lost with the old file: the records the window stage had not processed yet (the broker does not send acknowledged messages again)."
+	case StateFile:
+		hint += "; the agent rebuilds the window state from the retained Bronze records, with revisions above the highest Bronze recorded. Lost with the old file: the aggregates and alerts not yet uplinked, the late and dead-letter tables, and windows older than Bronze's retention."
+	}
+	return &HintError{Err: err, Hint: hint}
+}
+
+// continueBronze makes new Bronze records follow the window stage's
+// offset when the log ends before it: the file was deleted, truncated or
+// restored from an older copy. Numbered from 1 again, new records would
+// count as processed — acknowledged to the broker, never windowed.
+func (a *Agent) continueBronze() error {
+	offset, last := a.Stage.Stats().Offset, a.Bronze.LastSeq()
+	moved, err := a.Bronze.SkipTo(offset)
+	if err != nil {
+		return err
+	}
+	if moved {
+		a.log.Warn("bronze: the log ends before the window stage's offset: bronze.db was lost, truncated or replaced by an older copy, and the records after its end are gone; new records continue after the offset",
+			"bronze_last_seq", last, "window_offset", offset, "path", a.Bronze.Path())
+	}
+	return nil
+}
+
 // OpenState opens the state database (window state, outbox, uplink batches).
 func OpenState(dataDir string, readOnly bool) (*bolt.DB, error) {
 	path := filepath.Join(dataDir, StateFile)
@@ -179,7 +218,7 @@ func OpenState(dataDir string, readOnly bool) (*bolt.DB, error) {
 		}
 	}
 	// Group-readable like Bronze (buffer.Open): the umask decides.
-	db, err := bolt.Open(path, 0o640, boltkv.Options(readOnly))
+	db, err := boltkv.Open(path, 0o640, readOnly)
 	if err != nil {
 		if errors.Is(err, bolt.ErrTimeout) {
 			return nil, fmt.Errorf("open state %s: locked by another process (is the agent running?): %w", path, err)
