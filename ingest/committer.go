@@ -73,6 +73,9 @@ type Stats struct {
 	LastCommitNano atomic.Int64  // latency of the last commit
 	Ticks          atomic.Uint64
 	Full           atomic.Bool // Bronze refused for lack of room
+	// FullTotal counts the times Bronze became full: a configured bound
+	// (storage.bronze_max_bytes), not a commit failure.
+	FullTotal atomic.Uint64
 	// CommitFailing is set while commits fail for another reason (disk
 	// full, I/O error) and cleared by the next successful commit.
 	CommitFailing atomic.Bool
@@ -85,7 +88,9 @@ type Stats struct {
 
 	mu       sync.Mutex
 	rejected map[string]uint64
-	lastErr  string
+	lastErr  string // commit or connection
+	// lastCommitErr is the error of the commits failing now (CommitFailing).
+	lastCommitErr string
 }
 
 func (s *Stats) reject(reason string) {
@@ -125,6 +130,23 @@ func (s *Stats) LastError() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.lastErr
+}
+
+// LastCommitError is why Bronze commits are failing, "" while they are not.
+func (s *Stats) LastCommitError() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastCommitErr
+}
+
+func (s *Stats) setCommitErr(err error) {
+	s.mu.Lock()
+	s.lastCommitErr = ""
+	if err != nil {
+		s.lastCommitErr = err.Error()
+	}
+	s.mu.Unlock()
+	s.setErr(err)
 }
 
 // run commits until ctx is cancelled and in is drained of what was handed
@@ -215,11 +237,10 @@ func (c *committer) commit(ctx context.Context, batch []pending, recs []buffer.R
 			c.stats.Committed.Add(uint64(msgs))
 			if c.stats.Full.Swap(false) {
 				c.log.Info("bronze has room again; acknowledging resumes")
-				c.stats.setErr(nil) // the "bronze full" error is over too
 			}
 			if c.stats.CommitFailing.Swap(false) {
 				c.log.Info("bronze commit recovered", "records", len(batch))
-				c.stats.setErr(nil)
+				c.stats.setCommitErr(nil)
 			}
 			break
 		}
@@ -228,14 +249,17 @@ func (c *committer) commit(ctx context.Context, batch []pending, recs []buffer.R
 			h := len(batch) / 2
 			return c.commit(ctx, batch[:h], recs) && c.commit(ctx, batch[h:], recs)
 		}
-		c.stats.CommitFailures.Add(1)
-		c.stats.setErr(err)
 		delay = c.backoff.next(delay)
 		if full {
+			// The configured bound, with its own flag, warning and count:
+			// not a failure of the disk.
 			if !c.stats.Full.Swap(true) {
+				c.stats.FullTotal.Add(1)
 				c.log.Warn("bronze is full of unprocessed records; holding acknowledgements so the broker keeps queueing")
 			}
 		} else {
+			c.stats.CommitFailures.Add(1)
+			c.stats.setCommitErr(err)
 			c.stats.CommitFailing.Store(true)
 			// Logged on every retry, but the delay doubles up to its cap, so a
 			// long failure logs about once per backoff.max.

@@ -34,7 +34,7 @@ func (s *statusSource) Ready() (bool, string) {
 		return false, "Bronze is full of unprocessed records"
 	}
 	if st.CommitFailing.Load() {
-		return false, "Bronze commits are failing: " + st.LastError()
+		return false, "Bronze commits are failing: " + st.LastCommitError()
 	}
 	return true, ""
 }
@@ -59,6 +59,9 @@ func (s *statusSource) Snapshot() status.Snapshot {
 		BrokerDropped:      in.BrokerDropped.Load(),
 		Rejected:           in.Rejected(),
 		BronzeFull:         in.Full.Load(),
+		BronzeFullTotal:    in.FullTotal.Load(),
+		CommitFailing:      in.CommitFailing.Load(),
+		LastCommitError:    in.LastCommitError(),
 		LastError:          in.LastError(),
 	}
 	if a.cfg.MQTT.Broker == "embedded" {

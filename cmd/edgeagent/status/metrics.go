@@ -51,6 +51,7 @@ func WriteMetrics(w io.Writer, snap Snapshot) {
 
 	c("edgeagent_bronze_commits_total", in.CommitsTotal)
 	c("edgeagent_bronze_commit_failures_total", in.CommitFailures)
+	c("edgeagent_bronze_full_total", in.BronzeFullTotal)
 	metrics.WriteCounterFloat64(w, "edgeagent_bronze_commit_seconds_total", in.CommitSecondsTotal)
 	g("edgeagent_bronze_last_commit_seconds", in.LastCommitSeconds)
 	br := snap.Bronze

@@ -266,8 +266,8 @@ func Warnings(snap *Snapshot, trigger time.Duration) []string {
 	if n := snap.Ingest.BrokerDropped; n > 0 {
 		w = append(w, fmt.Sprintf("embedded broker dropped %d messages for a client whose write queue was full (mqtt.embedded.max_pending_writes)", n))
 	}
-	if snap.Ingest.CommitFailures > 0 && snap.Ingest.LastError != "" {
-		w = append(w, "last Bronze commit error: "+snap.Ingest.LastError)
+	if snap.Ingest.CommitFailing {
+		w = append(w, "Bronze commits failing: "+snap.Ingest.LastCommitError)
 	}
 	return w
 }

@@ -46,8 +46,17 @@ type Ingest struct {
 	// whose write queue was full (always 0 with an external broker).
 	BrokerDropped uint64            `json:"broker_dropped_total"`
 	Rejected      map[string]uint64 `json:"rejected_total"`
-	BronzeFull    bool              `json:"bronze_full"`
-	LastError     string            `json:"last_error,omitempty"`
+	// BronzeFull is set while Bronze is at storage.bronze_max_bytes with
+	// unprocessed records; BronzeFullTotal counts the times it got there.
+	BronzeFull      bool   `json:"bronze_full"`
+	BronzeFullTotal uint64 `json:"bronze_full_total"`
+	// CommitFailing is set while Bronze commits fail (a full disk, an I/O
+	// error), LastCommitError says why.
+	CommitFailing   bool   `json:"commit_failing"`
+	LastCommitError string `json:"last_commit_error,omitempty"`
+	// LastError is the last commit or broker connection error, "" after
+	// the next success.
+	LastError string `json:"last_error,omitempty"`
 }
 
 // Bronze is the raw log.
