@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -375,6 +376,32 @@ func (c Config) fingerprint() []fingerprintItem {
 		{"readings.event_time", et},
 		{"readings.time_format", c.TimeFormat},
 	}
+}
+
+// behaviour encodes every setting, besides the fingerprint's, that decides
+// what the engine emits and when: they may change at a restart, and the
+// stage stores them with each checkpoint to tell whether outputs already
+// written were decided under other ones (see engine.deferReplayed).
+// Batch size and checkpoint interval are not among them: emission points
+// never depend on them (DESIGN invariant 3).
+func (c Config) behaviour() []byte {
+	c = c.withDefaults()
+	items := []fingerprintItem{
+		{"readings.metrics", strings.Join(c.Metrics, ",")},
+		{"readings.max_future_skew", c.MaxFutureSkew.String()},
+		{"readings.max_past_skew", c.MaxPastSkew.String()},
+		{"window.watermark_delay", c.WatermarkDelay.String()},
+		{"window.allowed_lateness", c.AllowedLateness.String()},
+		{"window.idle_timeout", c.IdleTimeout.String()},
+		{"window.aggregates", strings.Join(c.Aggregates, ",")},
+		{"window.max_devices", strconv.Itoa(c.MaxDevices)},
+		{"window.device_expiry", c.DeviceExpiry.String()},
+		{"processing.trigger_interval", c.TriggerInterval.String()},
+	}
+	for _, s := range c.Subscriptions {
+		items = append(items, fingerprintItem{"subscription " + s.Template.String(), s.Format})
+	}
+	return encodeFingerprint(items)
 }
 
 func encodeFingerprint(items []fingerprintItem) []byte {

@@ -217,6 +217,14 @@ type engine struct {
 	// rebuild its state, and writes their outputs only once.
 	suppressThrough uint64
 	replaying       bool
+	// deferReplayed is set when the outputs through suppressThrough were
+	// written under other settings than the current ones (a restart after
+	// a crash, with a changed config; Config.behaviour): the catch-up then
+	// decides emissions the outputs may not hold, or holds with other
+	// content. What it emits is kept pending instead, and goes out after
+	// the catch-up above every revision already written (revBase), so no
+	// key carries two contents and no revision goes back.
+	deferReplayed bool
 
 	// batch outputs and state delta
 	out       []emission
@@ -735,6 +743,15 @@ func (e *engine) emitSorted(ws []*window) {
 }
 
 func (e *engine) emit(w *window) {
+	if e.replaying && e.deferReplayed {
+		w.emitted = true
+		if !w.pending {
+			w.pending = true
+			e.pending[w] = struct{}{}
+		}
+		e.markWin(w)
+		return
+	}
 	rev := max(w.rev, e.revBase) + 1
 	w.rev, w.emitted = rev, true
 	if w.pending {

@@ -1,6 +1,7 @@
 package window
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -135,10 +136,35 @@ func New(db *bolt.DB, src Source, cfg Config) (*Stage, error) {
 	if err := s.raiseToRevisionFloor(); err != nil {
 		return nil, err
 	}
+	if err := s.recordBehaviour(); err != nil {
+		return nil, err
+	}
 	src.SetCheckpoint(s.eng.offset)
 	s.checkpointAt = s.cfg.Clock()
 	s.publish(StepResult{}, false)
 	return s, nil
+}
+
+// recordBehaviour stores the settings outputs are decided under from now
+// on, unless a catch-up must first replay outputs decided under the stored
+// ones (then the checkpoint after it stores them; see deferReplayed).
+func (s *Stage) recordBehaviour() error {
+	e := s.eng
+	if e.suppressThrough > e.offset {
+		return nil
+	}
+	cur := s.cfg.behaviour()
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		m := tx.Bucket(bucketMeta)
+		if bytes.Equal(m.Get(keyBehaviour), cur) {
+			return nil
+		}
+		return m.Put(keyBehaviour, cur)
+	})
+	if err != nil {
+		return fmt.Errorf("record window settings: %w", err)
+	}
+	return nil
 }
 
 // revisionFloor is a Source that keeps the highest committed revision

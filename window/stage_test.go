@@ -762,3 +762,106 @@ func TestLostStateContinuesAboveBronzesRevisionFloor(t *testing.T) {
 		}
 	}
 }
+
+// TestCrashThenChangedSettings: a crash after outputs were written, and a
+// restart with changed settings (trigger interval, watermark delay). The
+// catch-up replays under the new settings, which decide emissions the
+// written outputs do not hold: every key must still carry one content,
+// revisions must only grow in outbox order, and the last must hold every
+// reading (found by an audit: rev 2 went out twice with two contents, or
+// rev 1 after rev 2).
+func TestCrashThenChangedSettings(t *testing.T) {
+	base := testConfig(t)
+	base.Size, base.Slide = 10*time.Second, 10*time.Second
+	base.WatermarkDelay, base.AllowedLateness = 0, time.Minute
+	base.IdleTimeout, base.DeviceExpiry = 10*time.Minute, time.Hour
+	checkpointNever(&base)
+	for _, tc := range []struct {
+		name           string
+		before, change func(*Config)
+		written        int  // aggregates of the window written before the crash
+		lateAfter      bool // one more late reading for it after the restart
+	}{
+		{"trigger interval", func(*Config) {}, func(c *Config) { c.TriggerInterval = 10 * time.Second }, 2, true},
+		{"watermark delay", func(*Config) {}, func(c *Config) { c.WatermarkDelay = 10 * time.Second }, 2, true},
+		// The catch-up emits what the old settings had not, and nothing
+		// later revises it: it must still go out, not be taken for written.
+		{"shorter watermark delay", func(c *Config) { c.WatermarkDelay = 10 * time.Second }, func(c *Config) { c.WatermarkDelay = 0 }, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := base
+			tc.before(&base)
+			db, br := openDB(t, "", true), openBronze(t, "")
+			at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+			step := func(s *Stage) {
+				t.Helper()
+				for {
+					res, err := s.Step()
+					if err != nil {
+						t.Fatal(err)
+					}
+					if res.Records == 0 {
+						return
+					}
+				}
+			}
+			s, err := New(db, br, base)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Rev 1 (count 1), then a late reading and a trigger boundary:
+			// rev 2 (count 2) is written. No checkpoint after either.
+			appendAll(t, br, []buffer.Record{
+				telemetry("d1", "1", at(1), at(20), 10), telemetry("d1", "2", at(15), at(20.5), 20),
+			})
+			step(s)
+			appendAll(t, br, []buffer.Record{telemetry("d1", "3", at(2), at(21.2), 30), tick(at(22.1))})
+			step(s)
+			if got := decodeOutbox(t, db); len(got) != tc.written || tc.written == 2 && (got[1].Rev != 2 || got[1].Count != 2) {
+				t.Fatalf("before the crash the outbox holds %v, want %d aggregates of the window", got, tc.written)
+			}
+			// The crash: s is dropped unflushed. The restart runs changed
+			// settings; one more late reading, then the clock runs on.
+			changed := base
+			tc.change(&changed)
+			s2, err := New(db, br, changed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.lateAfter {
+				appendAll(t, br, []buffer.Record{telemetry("d1", "5", at(3), at(23), 50)})
+			}
+			appendAll(t, br, []buffer.Record{telemetry("d1", "6", at(40), at(24), 60)})
+			for i := range 6 {
+				appendAll(t, br, []buffer.Record{tick(at(30 + 10*float64(i)))})
+			}
+			step(s2)
+			if err := s2.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			contents := map[string]string{}
+			var lastRev uint32
+			var last wire.Aggregate
+			for _, a := range decodeOutbox(t, db) {
+				if a.Start != t0.UnixMilli() {
+					continue
+				}
+				if c, ok := contents[a.Key]; ok && c != show(a) {
+					t.Errorf("key %s carries two contents: %s and %s", a.Key, c, show(a))
+				}
+				contents[a.Key] = show(a)
+				if a.Rev <= lastRev {
+					t.Errorf("rev %d after rev %d: the cloud keeps the stale one", a.Rev, lastRev)
+				}
+				lastRev, last = a.Rev, a
+			}
+			wantCount, wantSum := uint64(2), 40.0
+			if tc.lateAfter {
+				wantCount, wantSum = 3, 90
+			}
+			if last.Count != wantCount || last.Sum == nil || *last.Sum != wantSum {
+				t.Errorf("the last revision is %s, want count %d, sum %g", show(last), wantCount, wantSum)
+			}
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package window
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -47,6 +48,7 @@ var (
 	keyHighRev     = []byte("high")
 	keyRevBase     = []byte("base")
 	keyProgress    = []byte("progress")
+	keyBehaviour   = []byte("behaviour")
 )
 
 func createBuckets(tx *bolt.Tx) error {
@@ -274,6 +276,12 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 	r := tx.Bucket(bucketRevs)
 	e.highRev = uint32(getU64(r, keyHighRev))
 	e.revBase = uint32(getU64(r, keyRevBase))
+	if e.suppressThrough > e.offset && !bytes.Equal(m.Get(keyBehaviour), cfg.behaviour()) {
+		// The outputs through suppressThrough were decided under other
+		// settings (or ones this build did not record): see deferReplayed.
+		e.deferReplayed = true
+		e.revBase = max(e.revBase, e.highRev)
+	}
 	var devs []*device
 	err := tx.Bucket(bucketDeviceGroups).ForEach(func(_, v []byte) error {
 		return eachEntry(v, func(en groupEntry) error {
@@ -431,6 +439,14 @@ func writeCheckpoint(tx *bolt.Tx, e *engine) error {
 	}
 	if err := m.Put(keyCounters, appendCounters(nil, &e.c)); err != nil {
 		return fmt.Errorf("put counters: %w", err)
+	}
+	// The settings the state and the outputs from here on are decided
+	// under, and the revision floor a deferred catch-up may have raised.
+	if err := m.Put(keyBehaviour, e.cfg.behaviour()); err != nil {
+		return fmt.Errorf("put behaviour: %w", err)
+	}
+	if err := putU64(tx.Bucket(bucketRevs), keyRevBase, uint64(e.revBase)); err != nil {
+		return err
 	}
 	// bbolt keeps each value until the commit: values are cut from the
 	// arena. Time-led group keys come in key order, so most inserts extend
