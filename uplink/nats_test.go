@@ -223,9 +223,23 @@ func TestNATSStreamMissing(t *testing.T) {
 	if st := u.Stats(); st.BatchesSent != 0 {
 		t.Fatalf("batches acknowledged without a stream: %+v", st)
 	}
+	// The link comes up and fails again; the failure is one span, which
+	// the status warns about after a while (down_since restarts each time).
+	failing := u.Stats().FailingSince
+	reconnects := u.Stats().Reconnects
+	if failing.IsZero() {
+		t.Fatal("FailingSince not set while every batch fails")
+	}
+	waitFor(t, 20*time.Second, "another failed connection", func() bool { return u.Stats().Reconnects > reconnects })
+	if got := u.Stats().FailingSince; !got.Equal(failing) {
+		t.Errorf("FailingSince moved from %v to %v on a reconnect", failing, got)
+	}
 	natstest.CreateStream(t, srv.URL(), testStream, []string{testSubject}, 0)
 	u.waitDelivered(t, fx, 20*time.Second)
 	streamReceiver(t, srv.URL()).check(t, fx.truth(t))
+	if st := u.Stats(); !st.FailingSince.IsZero() {
+		t.Errorf("FailingSince %v after delivery", st.FailingSince)
+	}
 
 	t.Run("create_stream", func(t *testing.T) {
 		srv := natstest.Start(t)

@@ -44,6 +44,12 @@ type Stats struct {
 	// it never was), zero while it is up: reconnect attempts move Link
 	// between down and connecting, but the outage is the whole span.
 	NotUpSince time.Time
+	// FailingSince is when sending last went wrong — a publish or an ack
+	// failed, or the link dropped — with no batch acknowledged since; zero
+	// after an acknowledgement. Unlike NotUpSince it survives a reconnect:
+	// a server that refuses a batch (over its size limit, no stream) lets
+	// the link come up and fail again, never down for long.
+	FailingSince time.Time
 	// Reconnects counts connections made after the first.
 	Reconnects  uint64
 	LastError   string
@@ -396,6 +402,11 @@ func (u *Uplink) sendLoop(ctx context.Context) {
 			break
 		}
 		u.setError(err)
+		u.mu.Lock()
+		if u.stats.FailingSince.IsZero() {
+			u.stats.FailingSince = u.cfg.Clock()
+		}
+		u.mu.Unlock()
 		u.setLink(LinkDown)
 		d := backoff(attempt, u.cfg.ReconnectMax, u.cfg.Rand)
 		attempt++
@@ -540,6 +551,7 @@ func (u *Uplink) acked(inflight []flight) (int, error) {
 		u.stats.AlertsSent += uint64(f.s.alerts)
 	}
 	u.stats.Duplicates += uint64(dups)
+	u.stats.FailingSince = time.Time{}
 	for _, f := range inflight[:k] {
 		delete(u.sentIDs, f.s.id)
 	}

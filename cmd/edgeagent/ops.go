@@ -256,7 +256,7 @@ func printStatus(w io.Writer, s *status.Snapshot, color bool) {
 		{"state", fmt.Sprintf("%d windows (%d on disk only), %d dedup entries, %d devices, %s", s.Window.OpenWindows, s.Window.EvictedWindows, s.Window.DedupEntries, s.Window.Devices, status.Bytes(s.Window.StateBytes))},
 		{"end-to-end lag", d(s.Window.LagSeconds)},
 		{"outbox", fmt.Sprintf("%d rows, %s of %s, oldest %s", s.Outbox.Rows, status.Bytes(int64(s.Outbox.Bytes)), status.Bytes(s.Outbox.MaxBytes), d(s.Outbox.OldestAge))},
-		{"uplink", fmt.Sprintf("%s %s, %d reconnects, %s sent", s.Uplink.Transport, s.Uplink.State, s.Uplink.ReconnectsTotal, status.Bytes(int64(s.Uplink.BytesSent)))},
+		{"uplink", strings.TrimSpace(s.Uplink.Transport + " " + fmt.Sprintf("%s, %d reconnects, %s sent", s.Uplink.State, s.Uplink.ReconnectsTotal, status.Bytes(int64(s.Uplink.BytesSent))))},
 		{"broker", fmt.Sprintf("%s (%s)", broker, s.Ingest.Broker)},
 		{"Bronze", fmt.Sprintf("%d records, %s of %s", s.Bronze.Records, status.Bytes(s.Bronze.Bytes), status.Bytes(s.Bronze.MaxBytes))},
 		{"late / duplicates / dead letters", fmt.Sprintf("%d / %d / %d", s.Window.LateTotal, s.Window.DuplicatesTotal, s.Window.DeadLettersTotal)},

@@ -158,6 +158,9 @@ func (s *statusSource) Snapshot() status.Snapshot {
 		if !us.NotUpSince.IsZero() {
 			snap.Uplink.DownSince = us.NotUpSince.UTC()
 		}
+		if !us.FailingSince.IsZero() {
+			snap.Uplink.FailingSince = us.FailingSince.UTC()
+		}
 		snap.Uplink.ReconnectsTotal = us.Reconnects
 		snap.Uplink.BatchesSent = us.BatchesSent
 		snap.Uplink.AggregatesSent = us.AggregatesSent

@@ -258,9 +258,18 @@ func Warnings(snap *Snapshot, trigger time.Duration) []string {
 	if snap.Bronze.MaxBytes > 0 && float64(snap.Bronze.UnprocessedBytes) >= bronzeNearFraction*float64(snap.Bronze.MaxBytes) {
 		w = append(w, fmt.Sprintf("Bronze near its bound with unprocessed records: about %s of %s", Bytes(snap.Bronze.UnprocessedBytes), Bytes(snap.Bronze.MaxBytes)))
 	}
+	downLong := false
 	if snap.Uplink.State != "up" && snap.Uplink.State != "disabled" && !snap.Uplink.DownSince.IsZero() {
 		if d := snap.Time.Sub(snap.Uplink.DownSince); d >= linkDownWarnAfter {
-			w = append(w, fmt.Sprintf("uplink down for %s", d.Round(time.Second)))
+			downLong = true
+			w = append(w, withReason(fmt.Sprintf("uplink down for %s", d.Round(time.Second)), snap.Uplink.LastError))
+		}
+	}
+	// A link that comes up and fails again (a batch the server refuses)
+	// is never down for long; what shows it is that nothing is delivered.
+	if !downLong && snap.Uplink.SealedBatches > 0 && !snap.Uplink.FailingSince.IsZero() {
+		if d := snap.Time.Sub(snap.Uplink.FailingSince); d >= linkDownWarnAfter {
+			w = append(w, withReason(fmt.Sprintf("uplink not delivering for %s (it connects, but the oldest batch is refused or not acknowledged)", d.Round(time.Second)), snap.Uplink.LastError))
 		}
 	}
 	if n := snap.Ingest.BrokerDropped; n > 0 {
@@ -270,6 +279,14 @@ func Warnings(snap *Snapshot, trigger time.Duration) []string {
 		w = append(w, "Bronze commits failing: "+snap.Ingest.LastCommitError)
 	}
 	return w
+}
+
+// withReason appends ": reason" when there is one.
+func withReason(s, reason string) string {
+	if reason == "" {
+		return s
+	}
+	return s + ": " + reason
 }
 
 // Bytes formats a byte count with binary units.

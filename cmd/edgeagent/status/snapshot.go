@@ -127,7 +127,11 @@ type Uplink struct {
 	Since     time.Time `json:"since"`
 	// DownSince is when the link was last up (or the agent started),
 	// absent while it is up: reconnect attempts change State, not this.
-	DownSince       time.Time `json:"down_since,omitzero"`
+	DownSince time.Time `json:"down_since,omitzero"`
+	// FailingSince is when sending last failed (a refused or unacknowledged
+	// batch, a dropped link) with nothing acknowledged since; absent once a
+	// batch is. It outlives reconnects, which DownSince does not.
+	FailingSince    time.Time `json:"failing_since,omitzero"`
 	ReconnectsTotal uint64    `json:"reconnects_total"`
 	BatchesSent     uint64    `json:"batches_sent_total"`
 	AggregatesSent  uint64    `json:"aggregates_sent_total"`

@@ -160,6 +160,17 @@ func TestWarnings(t *testing.T) {
 	if w := strings.Join(Warnings(&snap, time.Second), "\n"); strings.Contains(w, "Bronze near its bound") {
 		t.Errorf("warned of a Bronze near its bound with 1 MiB unprocessed:\n%s", w)
 	}
+	// A link that comes up and fails again: never down for long, but
+	// nothing delivered for 10 minutes, and the reason is said.
+	flapping := Snapshot{Time: snap.Time, Ingest: Ingest{Connected: true}, Uplink: Uplink{State: "up", SealedBatches: 3,
+		FailingSince: snap.Time.Add(-10 * time.Minute), LastError: "publish batch gw-7-1-40: nats: maximum payload exceeded"}}
+	if w := strings.Join(Warnings(&flapping, time.Second), "\n"); !strings.Contains(w, "uplink not delivering for 10m0s") || !strings.Contains(w, "maximum payload exceeded") {
+		t.Errorf("no warning for an uplink that delivers nothing: %q", w)
+	}
+	flapping.Uplink.FailingSince = snap.Time.Add(-time.Minute)
+	if w := Warnings(&flapping, time.Second); len(w) != 0 {
+		t.Errorf("warned after a minute of failures: %v", w)
+	}
 	calm := Snapshot{Ingest: Ingest{Connected: true}, Uplink: Uplink{State: "up"}}
 	if w := Warnings(&calm, time.Second); len(w) != 0 {
 		t.Errorf("a healthy agent has warnings: %v", w)
