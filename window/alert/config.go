@@ -263,14 +263,35 @@ func compileTopic(s, gateway string) outTopic {
 	return t
 }
 
+// topicLevel makes a device or metric name one valid topic level: a
+// metric is a payload key, and one holding '+' or '#' made a topic the
+// broker refuses — retried for ever, holding every local message behind
+// it — and one holding '/' added levels. Those bytes, NUL (not allowed in
+// a topic) and '%' (so the escape reads back) are percent-encoded.
+func topicLevel(s string) string {
+	if !strings.ContainsAny(s, "/+#%\x00") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '/', '+', '#', '%', 0:
+			fmt.Fprintf(&b, "%%%02X", c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
 func (t outTopic) expand(device, metric string) string {
 	var b strings.Builder
 	for _, p := range t {
 		switch p.ph {
 		case "device":
-			b.WriteString(device)
+			b.WriteString(topicLevel(device))
 		case "metric":
-			b.WriteString(metric)
+			b.WriteString(topicLevel(metric))
 		default:
 			b.WriteString(p.lit)
 		}

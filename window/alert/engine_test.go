@@ -529,6 +529,11 @@ func TestCompileTopic(t *testing.T) {
 		{"{device}{metric}", "{metric}", "x", "{metric}x"}, // one pass
 		{"odd/{x}/{", "d", "m", "odd/{x}/{"},
 		{"", "d", "m", ""},
+		// A payload key is any string: each name stays one level the
+		// broker accepts, and reads back.
+		{"agg/{device}/{metric}", "d", "p+q", "agg/d/p%2Bq"},
+		{"agg/{device}/{metric}", "d", "a/b#", "agg/d/a%2Fb%23"},
+		{"agg/{device}/{metric}", "50%", "x\x00", "agg/50%25/x%00"},
 	}
 	for _, c := range cases {
 		if got := compileTopic(c.tmpl, "gw1").expand(c.device, c.metric); got != c.want {
