@@ -251,6 +251,20 @@ func TestNATSStreamMissing(t *testing.T) {
 		u.waitDelivered(t, fx, 20*time.Second)
 		streamReceiver(t, srv.URL()).check(t, fx.truth(t))
 	})
+	// create_stream with the subject already in another stream (a fleet
+	// stream on edge.*.aggregates): the create is refused, and publishing
+	// to the existing stream is all that is needed.
+	t.Run("create_stream, subject in another stream", func(t *testing.T) {
+		srv := natstest.Start(t)
+		natstest.CreateStream(t, srv.URL(), testStream, []string{"edge.*.aggregates"}, 0)
+		db := openDB(t)
+		fill(t, db, fx.rows, 100)
+		cfg := natsConfig(srv.URL())
+		cfg.NATS.CreateStream, cfg.NATS.Stream = true, "OTHER"
+		u := startUplink(t, db, cfg)
+		u.waitDelivered(t, fx, 20*time.Second)
+		streamReceiver(t, srv.URL()).check(t, fx.truth(t))
+	})
 }
 
 // TestNATSServerRestart stops the server (not the link) during a drain: the

@@ -126,6 +126,12 @@ func (s *natsSink) ensureStream(ctx context.Context) error {
 		Subjects:   []string{s.cfg.NATS.Subject},
 		Duplicates: 2 * time.Minute,
 	})
+	if errors.Is(err, jsapi.ErrSubjectsOverlap) {
+		// Another stream already captures the subject: publishes are
+		// stored there, which is all the uplink needs.
+		s.log.Info("uplink: stream not created: another stream already captures the subject; publishing to it", "stream", s.cfg.NATS.Stream, "subject", s.cfg.NATS.Subject)
+		return nil
+	}
 	if err != nil && !errors.Is(err, jsapi.ErrStreamNameInUse) {
 		return fmt.Errorf("create stream %s: %w", s.cfg.NATS.Stream, err)
 	}

@@ -55,6 +55,9 @@ const (
 	// JetStream API error codes (err_code) the agent tells apart.
 	errCodeStreamNotFound  = uint16(nats.JSErrCodeStreamNotFound)
 	errCodeStreamNameInUse = uint16(nats.JSErrCodeStreamNameInUse)
+	// errCodeSubjectsOverlap is the server's JSStreamSubjectOverlapErr
+	// (nats.go names no constant for it).
+	errCodeSubjectsOverlap = uint16(10065)
 )
 
 // Errors, worded as nats.go's jetstream package words them.
@@ -72,6 +75,9 @@ var (
 	// ErrStreamNameInUse matches the API error of a create for a name that
 	// a stream with another configuration holds (errors.Is).
 	ErrStreamNameInUse = &APIError{Code: 400, ErrCode: errCodeStreamNameInUse, Description: "stream name already in use"}
+	// ErrSubjectsOverlap matches the API error of a create whose subjects
+	// another stream already captures (errors.Is).
+	ErrSubjectsOverlap = &APIError{Code: 400, ErrCode: errCodeSubjectsOverlap, Description: "subjects overlap with an existing stream"}
 	// ErrClosed is returned by Publish after Close.
 	ErrClosed = errors.New("jsapi: publisher closed")
 )
