@@ -106,6 +106,7 @@ func (s *statusSource) Snapshot() status.Snapshot {
 		DuplicatesTotal:        ws.Duplicates,
 		DeadLettersByReason:    ws.DeadLetters,
 		LatestEventTime:        ws.LatestEventTime.UTC(),
+		LoggedClock:            ws.LoggedClock,
 		LagSeconds:             ws.Lag.Seconds(),
 		Blocked:                ws.Blocked,
 		BlockedTotal:           ws.BlockedTotal,

@@ -227,6 +227,8 @@ const (
 	bronzeNearFraction = 0.8
 	linkDownWarnAfter  = 5 * time.Minute
 	backlogWarnRecords = 1000
+	// clockBackWarnAfter: an NTP step of a few seconds is no news.
+	clockBackWarnAfter = time.Minute
 )
 
 // Warnings lists what an operator should look at in snap.
@@ -274,6 +276,11 @@ func Warnings(snap *Snapshot, trigger time.Duration) []string {
 	}
 	if n := snap.Ingest.BrokerDropped; n > 0 {
 		w = append(w, fmt.Sprintf("embedded broker dropped %d messages for a client whose write queue was full (mqtt.embedded.max_pending_writes)", n))
+	}
+	if !snap.Window.LoggedClock.IsZero() && !snap.Time.IsZero() {
+		if d := snap.Window.LoggedClock.Sub(snap.Time); d >= clockBackWarnAfter {
+			w = append(w, fmt.Sprintf("the gateway clock went back: the logged clock is %s ahead of it; idle closes and device expiry wait until it catches up (see the operations guide, wrong gateway clock)", d.Round(time.Second)))
+		}
 	}
 	if snap.Ingest.CommitFailing {
 		w = append(w, "Bronze commits failing: "+snap.Ingest.LastCommitError)

@@ -107,9 +107,13 @@ type Window struct {
 	DeadLetterRowsEvicted uint64    `json:"dead_letter_rows_evicted_total"`
 	DevicesExpired        uint64    `json:"devices_expired_total"`
 	LatestEventTime       time.Time `json:"latest_event_time"`
-	LagSeconds            float64   `json:"lag_seconds"`
-	Blocked               bool      `json:"blocked"`
-	BlockedTotal          uint64    `json:"blocked_total"`
+	// LoggedClock is the newest received-at or clock tick the stage has
+	// processed: ahead of the gateway's clock only when that clock went
+	// back.
+	LoggedClock  time.Time `json:"logged_clock,omitzero"`
+	LagSeconds   float64   `json:"lag_seconds"`
+	Blocked      bool      `json:"blocked"`
+	BlockedTotal uint64    `json:"blocked_total"`
 }
 
 // Outbox is the queue to the uplink (sealed batches included).

@@ -171,6 +171,16 @@ func TestWarnings(t *testing.T) {
 	if w := Warnings(&flapping, time.Second); len(w) != 0 {
 		t.Errorf("warned after a minute of failures: %v", w)
 	}
+	// The gateway clock went back two days (a Pi without RTC, corrected):
+	// said, with how far; a second of NTP step is not.
+	back := Snapshot{Time: snap.Time, Ingest: Ingest{Connected: true}, Uplink: Uplink{State: "up"}, Window: Window{LoggedClock: snap.Time.Add(48 * time.Hour)}}
+	if w := strings.Join(Warnings(&back, time.Second), "\n"); !strings.Contains(w, "the gateway clock went back: the logged clock is 48h0m0s ahead") {
+		t.Errorf("no warning for a clock that went back: %q", w)
+	}
+	back.Window.LoggedClock = snap.Time.Add(time.Second)
+	if w := Warnings(&back, time.Second); len(w) != 0 {
+		t.Errorf("warned of a one-second clock step: %v", w)
+	}
 	calm := Snapshot{Ingest: Ingest{Connected: true}, Uplink: Uplink{State: "up"}}
 	if w := Warnings(&calm, time.Second); len(w) != 0 {
 		t.Errorf("a healthy agent has warnings: %v", w)
