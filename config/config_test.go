@@ -611,3 +611,44 @@ func TestWindowDefaultsFollowSize(t *testing.T) {
 		}
 	}
 }
+
+// ParseReadOnly: a key whose variable is unset keeps its default, with no
+// error and none of its checks, and Unresolved names the variable for the
+// key and for its parents; set variables and other keys are as in Parse.
+func TestParseReadOnly(t *testing.T) {
+	yaml := `gateway_id: ${GW}
+mqtt:
+  broker: tcp://127.0.0.1:1883
+  password: ${MQTTPW}
+  subscriptions: [{topic: "a/{device}"}]
+uplink:
+  max_batch_bytes: ${BATCH}
+status:
+  listen: ${LISTEN}
+`
+	env := func(name string) (string, bool) {
+		if name == "LISTEN" {
+			return "127.0.0.1:9999", true
+		}
+		return "", false
+	}
+	if _, err := Parse("config.yaml", []byte(yaml), env); err == nil || !strings.Contains(err.Error(), "environment variable MQTTPW is not set") {
+		t.Fatalf("Parse with unset variables = %v", err)
+	}
+	c, err := ParseReadOnly("config.yaml", []byte(yaml), env)
+	if err != nil {
+		t.Fatalf("ParseReadOnly: %v", err)
+	}
+	if c.Status.Listen != "127.0.0.1:9999" || c.GatewayID != "" || c.Uplink.MaxBatchBytes != Default().Uplink.MaxBatchBytes {
+		t.Errorf("ParseReadOnly values: listen %q, gateway %q, max_batch_bytes %v", c.Status.Listen, c.GatewayID, c.Uplink.MaxBatchBytes)
+	}
+	for key, want := range map[string]string{"gateway_id": "GW", "mqtt": "MQTTPW", "mqtt.password": "MQTTPW", "uplink.max_batch_bytes": "BATCH", "status.listen": "", "status": ""} {
+		if got := strings.Join(c.Unresolved(key), ","); got != want {
+			t.Errorf("Unresolved(%s) = %q, want %q", key, got, want)
+		}
+	}
+	// A key that is wrong for another reason is still refused.
+	if _, err := ParseReadOnly("config.yaml", []byte(yaml+"  tokn: x\n"), env); err == nil || !strings.Contains(err.Error(), "tokn") {
+		t.Errorf("ParseReadOnly with an unknown key = %v", err)
+	}
+}

@@ -27,6 +27,9 @@ type source struct {
 	file string
 	pos  map[string]position // key path → where its key (or list item) is
 	bad  map[string]bool     // key paths that already have a decode error
+	// unset maps key paths to the unset variables they reference, in a
+	// read-only parse (ParseReadOnly), where those keys are left empty.
+	unset map[string][]string
 }
 
 type position struct{ line, col int }
@@ -188,11 +191,14 @@ func (r envRefs) unexpand(s string) string {
 }
 
 type decoder struct {
-	src     *source
-	env     func(string) (string, bool)
-	refs    envRefs
-	aliases map[*ast.AliasNode]ast.Node
-	errs    []*FieldError
+	src *source
+	env func(string) (string, bool)
+	// readOnly leaves a key with an unset variable empty (recorded in
+	// src.unset) instead of failing it.
+	readOnly bool
+	refs     envRefs
+	aliases  map[*ast.AliasNode]ast.Node
+	errs     []*FieldError
 }
 
 func (d *decoder) fail(p position, key, format string, args ...any) {
@@ -473,7 +479,15 @@ func (d *decoder) expand(s, key string) (string, bool) {
 			ok = false
 		case refVar:
 			v, set := d.env(r.name)
-			if !set {
+			switch {
+			case !set && d.readOnly:
+				d.src.bad[key] = true // its value is not known: no check applies
+				if d.src.unset == nil {
+					d.src.unset = map[string][]string{}
+				}
+				d.src.unset[key] = append(d.src.unset[key], r.name)
+				ok = false // the key keeps its default; no error
+			case !set:
 				d.fail(position{line: r.line}, key, "environment variable %s is not set", r.name)
 				ok = false
 			}

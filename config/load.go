@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 )
 
 // Load reads the configuration file at path and parses it with the
@@ -25,12 +27,41 @@ func Load(path string) (*Config, error) {
 // naming filename, line and key. A YAML syntax error stops the parse, so it
 // is reported alone.
 func Parse(filename string, data []byte, env func(string) (string, bool)) (*Config, error) {
+	return parse(filename, data, env, false)
+}
+
+// ParseReadOnly is Parse for commands that read a few keys and start
+// nothing (status, inspect): a key whose ${NAME} variable is not set is
+// left empty and unchecked instead of failing the whole file, and
+// Unresolved names it. The variables often live in a file only root and
+// the service read, and a technician's status check should not need them.
+func ParseReadOnly(filename string, data []byte, env func(string) (string, bool)) (*Config, error) {
+	return parse(filename, data, env, true)
+}
+
+// Unresolved returns the variables that key, or a key under it, references
+// and that were unset in a ParseReadOnly, or nil.
+func (c *Config) Unresolved(key string) []string {
+	if c.src == nil {
+		return nil
+	}
+	var names []string
+	for k, vars := range c.src.unset {
+		if k == key || strings.HasPrefix(k, key+".") || strings.HasPrefix(k, key+"[") {
+			names = append(names, vars...)
+		}
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
+}
+
+func parse(filename string, data []byte, env func(string) (string, bool), readOnly bool) (*Config, error) {
 	if env == nil {
 		env = os.LookupEnv
 	}
 	src := &source{file: filename, pos: make(map[string]position), bad: make(map[string]bool)}
 	text, refs, err := markRefs(string(data))
-	d := &decoder{src: src, env: env, refs: refs}
+	d := &decoder{src: src, env: env, refs: refs, readOnly: readOnly}
 	c := Default()
 	if err != nil {
 		d.fail(position{}, "", "%v", err)

@@ -178,13 +178,35 @@ const defaultConfigPath = "/etc/edgeagent/config.yaml"
 // NATS credentials) can be read, so a missing certificate is reported with
 // its line before anything starts instead of failing a stage at start.
 func loadConfig(e *env, path string, checkFiles bool) (*config.Config, int) {
+	return loadConfigWith(e, path, checkFiles, config.Parse)
+}
+
+// loadReadOnlyConfig loads the file for a command that reads the keys
+// named (or under them) and starts nothing: a variable left unset
+// elsewhere in the file does not stop it (config.ParseReadOnly), one in a
+// key it needs does, named.
+func loadReadOnlyConfig(e *env, path string, needed ...string) (*config.Config, int) {
+	cfg, code := loadConfigWith(e, path, false, config.ParseReadOnly)
+	if cfg == nil {
+		return nil, code
+	}
+	for _, key := range needed {
+		if names := cfg.Unresolved(key); len(names) > 0 {
+			e.errorf("%s: %s uses ${%s}, which is not set; set it, or run as root (sudo) if it comes from the variables file", path, key, strings.Join(names, "}, ${"))
+			return nil, exitConfig
+		}
+	}
+	return cfg, exitOK
+}
+
+func loadConfigWith(e *env, path string, checkFiles bool, parse func(string, []byte, func(string) (string, bool)) (*config.Config, error)) (*config.Config, int) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		e.errorf("read config %s: %v", path, err)
 		return nil, exitConfig
 	}
 	lookup, envErr := configEnv()
-	cfg, err := config.Parse(path, data, lookup)
+	cfg, err := parse(path, data, lookup)
 	if err == nil && checkFiles {
 		err = cfg.CheckFiles()
 	}

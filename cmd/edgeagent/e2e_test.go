@@ -589,3 +589,47 @@ func TestMaxProcs(t *testing.T) {
 		})
 	}
 }
+
+// status and inspect read a few keys: a variable unset elsewhere in the
+// file (a password only the service's variables file holds) does not stop
+// them; one in a key they read does, named, with exit 3.
+func TestReadOnlyCommandsWithUnsetVariables(t *testing.T) {
+	dir := t.TempDir()
+	mqttAddr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+	statusAddr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+	cfgPath := writeConfig(t, dir, fmt.Sprintf(`
+gateway_id: ${GW}
+data_dir: %s/data
+mqtt:
+  broker: embedded
+  embedded: {listen: "%s"}
+  subscriptions: [{topic: "sensors/{device}/telemetry"}]
+uplink:
+  nats: {url: "${NATS_URL}"}
+status: {listen: "%s", token: "${TOKEN}"}
+`, dir, mqttAddr, statusAddr))
+	p := startAgentEnv(t, []string{"GW=gw-ro", "NATS_URL=nats://127.0.0.1:1", "TOKEN=s3cret", "EDGEAGENT_ENV_FILE="}, "run", "-c", cfgPath)
+	p.waitLog(t, "status endpoint listening")
+	run := func(env []string, args ...string) (string, int) {
+		c := exec.Command(agentBin, args...)
+		c.Env = append(os.Environ(), append([]string{"EDGEAGENT_ENV_FILE="}, env...)...)
+		out, err := c.CombinedOutput()
+		return string(out), exitCode(err)
+	}
+	// GW and NATS_URL unset: status reads only status.*.
+	if out, code := run([]string{"TOKEN=s3cret"}, "status", "-c", cfgPath); code != exitOK || !strings.Contains(out, "gw-ro") {
+		t.Errorf("status with unrelated variables unset: exit %d\n%s", code, out)
+	}
+	if out, code := run([]string{"TOKEN=s3cret", "GW=gw-ro"}, "inspect", "bronze", "-c", cfgPath, "--json"); code != exitOK || !strings.HasPrefix(out, "[") {
+		t.Errorf("inspect with an unrelated variable unset: exit %d\n%s", code, out)
+	}
+	// TOKEN unset: status.token is read, so it is named.
+	if out, code := run(nil, "status", "-c", cfgPath); code != exitConfig || !strings.Contains(out, "status.token uses ${TOKEN}, which is not set") {
+		t.Errorf("status with its token's variable unset: exit %d\n%s", code, out)
+	}
+	// run and config check still need every variable.
+	if out, code := run([]string{"TOKEN=s3cret"}, "config", "check", "-c", cfgPath); code != exitConfig || !strings.Contains(out, "environment variable GW is not set") {
+		t.Errorf("config check with GW unset: exit %d\n%s", code, out)
+	}
+	p.stop(t)
+}

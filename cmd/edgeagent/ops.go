@@ -143,7 +143,7 @@ func statusClient(e *env, path, addr, caFile string, explicitConfig bool) (*stat
 	if _, err := os.Stat(path); err != nil && !explicitConfig {
 		return status.NewClient("127.0.0.1:9464", "", nil), exitOK
 	}
-	cfg, code := loadConfig(e, path, false)
+	cfg, code := loadReadOnlyConfig(e, path, statusKeys...)
 	if cfg == nil {
 		return nil, code
 	}
@@ -153,6 +153,9 @@ func statusClient(e *env, path, addr, caFile string, explicitConfig bool) (*stat
 	}
 	return configStatusClient(e, cfg)
 }
+
+// statusKeys are the keys the status client reads.
+var statusKeys = []string{"status.listen", "status.token", "status.tls.cert_file", "status.tls.key_file"}
 
 // configStatusClient is the client for the endpoint the config describes,
 // pinned to its TLS certificate when it has one.
@@ -307,7 +310,8 @@ func inspectCmd(ctx context.Context, e *env, table string, args []string) int {
 		e.errorf("inspect %s: %v", table, err)
 		return exitUsage
 	}
-	cfg, code := loadConfig(e, *path, false)
+	// The tables read data_dir and name devices through the subscriptions.
+	cfg, code := loadReadOnlyConfig(e, *path, append([]string{"data_dir", "gateway_id", "mqtt.subscriptions"}, statusKeys...)...)
 	if cfg == nil {
 		return code
 	}
