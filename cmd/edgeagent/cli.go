@@ -139,20 +139,39 @@ func printCommands(w io.Writer, prefix string, cs []*command) {
 // newFlags returns a FlagSet whose --help prints the command's usage.
 func newFlags(c *command, e *env) *flag.FlagSet {
 	fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
+	errs := &countingWriter{w: e.stderr}
+	fs.SetOutput(errs)
 	fs.Usage = func() {
-		fmt.Fprint(e.stdout, c.usage)
+		// Asked for (--help), the usage is the output; after a flag error,
+		// which the flag package wrote first, it goes with the error.
+		w := e.stdout
+		if errs.n > 0 {
+			w = e.stderr
+		}
+		fmt.Fprint(w, c.usage)
 		n := 0
 		fs.VisitAll(func(*flag.Flag) { n++ })
 		if n == 0 {
 			return
 		}
-		fmt.Fprintln(e.stdout, "\nFlags:")
-		fs.SetOutput(e.stdout)
+		fmt.Fprintln(w, "\nFlags:")
+		fs.SetOutput(w)
 		fs.PrintDefaults()
-		fs.SetOutput(e.stderr)
+		fs.SetOutput(errs)
 	}
 	return fs
+}
+
+// countingWriter counts the bytes written through it.
+type countingWriter struct {
+	w io.Writer
+	n int
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += n
+	return n, err
 }
 
 // parseFlags parses args; it returns an exit code and false when the command
