@@ -325,16 +325,16 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
+	if *logFormat != "" && *logFormat != "text" && *logFormat != "json" {
+		e.errorf("--log-format must be text or json, not %q", *logFormat)
+		return exitUsage
+	}
 	cfg, code := loadConfig(e, *path, true)
 	if cfg == nil {
 		return code
 	}
 	format := cfg.Log.Format
 	if *logFormat != "" {
-		if *logFormat != "text" && *logFormat != "json" {
-			e.errorf("--log-format must be text or json, not %q", *logFormat)
-			return exitUsage
-		}
 		format = *logFormat
 	}
 	log := newLogger(e.stderr, format, cfg.Log.Level)
