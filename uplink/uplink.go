@@ -379,6 +379,11 @@ func (u *Uplink) refreshBacklog(tx *bolt.Tx) error {
 // sendLoop owns the connection: connect, pump, and reconnect with backoff.
 func (u *Uplink) sendLoop(ctx context.Context) {
 	attempt := 0
+	// refusedAfterConnect: the last connection came up and then failed
+	// with nothing acknowledged — a server refusing the oldest batch,
+	// which repeats at every reconnect; those reconnects log at debug
+	// level (the warning below, throttled, says why it goes on).
+	refusedAfterConnect := false
 	for ctx.Err() == nil {
 		u.setLink(LinkConnecting)
 		s := u.newSink()
@@ -391,9 +396,16 @@ func (u *Uplink) sendLoop(ctx context.Context) {
 			}
 			u.mu.Unlock()
 			u.setLink(LinkUp)
-			u.log.Info("uplink: connected")
+			if refusedAfterConnect {
+				u.log.Debug("uplink: connected")
+			} else {
+				u.log.Info("uplink: connected")
+			}
 			signal(u.roomCh) // the sealer may now seal partial batches
 			err = u.pump(ctx, s, &attempt)
+			refusedAfterConnect = err != nil && !u.Stats().FailingSince.IsZero()
+		} else {
+			refusedAfterConnect = false
 		}
 		if cerr := s.close(); cerr != nil {
 			u.log.Debug("uplink: close connection", "err", cerr)
