@@ -9,6 +9,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/edgeagent/edgeagent/testrig/faultproxy"
+	"github.com/nats-io/nats-server/v2/server"
+
 	"github.com/edgeagent/edgeagent/testrig/natstest"
 	"github.com/edgeagent/edgeagent/uplink/wire"
 )
@@ -313,5 +315,32 @@ func TestNATSLinkStateWhileDown(t *testing.T) {
 	})
 	if st := u.Stats(); st.OldestUnsent == 0 || st.OldestUnsent != fx.rows[0].emittedAt {
 		t.Fatalf("oldest unsent = %d, want %d", st.OldestUnsent, fx.rows[0].emittedAt)
+	}
+}
+
+// TestNATSPublishNotPermitted: a server that denies the gateway's subject
+// answers a publish only with an asynchronous permissions error; the
+// failure reason (last_error, behind "uplink not delivering") names it,
+// and nats.go does not print it to stderr itself.
+func TestNATSPublishNotPermitted(t *testing.T) {
+	srv := natstest.Start(t, natstest.WithOptions(func(o *server.Options) {
+		o.Users = []*server.User{{Username: "gw", Password: "pw", Permissions: &server.Permissions{
+			Publish:   &server.SubjectPermission{Allow: []string{"edge.other.aggregates", "$JS.API.>"}},
+			Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
+		}}, {Username: "admin", Password: "pw"}}
+	}))
+	natstest.CreateStream(t, "nats://admin:pw@"+srv.Addr(), testStream, []string{testSubject}, 0)
+	db := openDB(t)
+	fx := makeFixture(t, 3, 1)
+	fill(t, db, fx.rows, 100)
+	cfg := natsConfig(srv.URL())
+	cfg.NATS.User, cfg.NATS.Password = "gw", "pw"
+	cfg.AckTimeout = 500 * time.Millisecond
+	u := startUplink(t, db, cfg)
+	waitFor(t, 20*time.Second, "the permissions violation as the failure's reason", func() bool {
+		return strings.Contains(u.Stats().LastError, "Permissions Violation")
+	})
+	if st := u.Stats(); st.BatchesSent != 0 || st.FailingSince.IsZero() {
+		t.Errorf("a denied publish: %+v", st)
 	}
 }

@@ -30,6 +30,18 @@ type natsSink struct {
 	pub    *jsapi.Publisher
 	lostCh chan struct{}
 	lostMu sync.Once
+
+	asyncMu sync.Mutex
+	async   error // the server's last asynchronous error (a permissions violation)
+}
+
+// asyncError is the server's last asynchronous error on this connection:
+// a publish it refuses for permissions is answered only that way, and the
+// batch's ack then times out without a reason.
+func (s *natsSink) asyncError() error {
+	s.asyncMu.Lock()
+	defer s.asyncMu.Unlock()
+	return s.async
 }
 
 func newNATSSink(cfg Config, log *slog.Logger) *natsSink {
@@ -83,6 +95,14 @@ func (s *natsSink) connect(ctx context.Context) error {
 	opts = append(opts,
 		nats.ClosedHandler(func(*nats.Conn) { s.markLost() }),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, _ error) { s.markLost() }),
+		// Without a handler nats.go prints these to stderr, unstructured
+		// and unthrottled; the warning is throttled by message.
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			s.asyncMu.Lock()
+			s.async = err
+			s.asyncMu.Unlock()
+			s.log.Warn("uplink: the NATS server reported an error", "err", err)
+		}),
 	)
 	if ctx.Err() != nil {
 		return ctx.Err()

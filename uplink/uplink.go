@@ -502,6 +502,9 @@ func (u *Uplink) pump(ctx context.Context, s sink, attempt *int) error {
 			u.mu.Lock()
 			u.stats.AckTimeouts++
 			u.mu.Unlock()
+			if ae, ok := s.(interface{ asyncError() error }); ok && ae.asyncError() != nil {
+				return fmt.Errorf("%w: batch %s after %v; the server said: %v", ErrAckTimeout, head.s.id, u.cfg.AckTimeout, ae.asyncError())
+			}
 			return fmt.Errorf("%w: batch %s after %v", ErrAckTimeout, head.s.id, u.cfg.AckTimeout)
 		case <-u.sealedCh:
 			wait.Stop()
@@ -563,6 +566,10 @@ func (u *Uplink) acked(inflight []flight) (int, error) {
 		u.stats.AlertsSent += uint64(f.s.alerts)
 	}
 	u.stats.Duplicates += uint64(dups)
+	if !u.stats.FailingSince.IsZero() {
+		// The reconnects of a refusal logged at debug level: say it ended.
+		u.log.Info("uplink: delivering again", "failing_for", now.Sub(u.stats.FailingSince).Round(time.Second))
+	}
 	u.stats.FailingSince = time.Time{}
 	for _, f := range inflight[:k] {
 		delete(u.sentIDs, f.s.id)

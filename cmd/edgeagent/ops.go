@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -122,19 +123,25 @@ var inspectExtraFlags = map[string]string{
 func statusClient(e *env, path, addr, caFile string, explicitConfig bool) (*status.Client, int) {
 	if addr != "" {
 		token := os.Getenv("EDGEAGENT_STATUS_TOKEN")
+		scheme, hostPort := splitScheme(addr)
 		switch {
-		case strings.HasPrefix(addr, "https://"):
+		case scheme == "https":
 			tc, err := status.CATLS(caFile)
 			if err != nil {
 				e.errorf("--ca: %v", err)
 				return nil, exitUsage
 			}
-			return status.NewClient(strings.TrimSuffix(strings.TrimPrefix(addr, "https://"), "/"), token, tc), exitOK
+			return status.NewClient(hostPort, token, tc), exitOK
 		case caFile != "":
 			e.errorf("--ca needs an https:// --addr")
 			return nil, exitUsage
+		case scheme == "" && token != "" && !loopbackAddr(hostPort):
+			// The token would cross the network in clear text; an
+			// explicit http:// says that is meant.
+			e.errorf("--addr %s with a token: use https://%s (the endpoint serves HTTPS with status.tls), or http://%s to send the token in clear text", addr, hostPort, hostPort)
+			return nil, exitUsage
 		}
-		return status.NewClient(strings.TrimSuffix(strings.TrimPrefix(addr, "http://"), "/"), token, nil), exitOK
+		return status.NewClient(hostPort, token, nil), exitOK
 	}
 	if caFile != "" {
 		e.errorf("--ca needs an https:// --addr (with -c, status.tls.cert_file is trusted)")
@@ -152,6 +159,30 @@ func statusClient(e *env, path, addr, caFile string, explicitConfig bool) (*stat
 		return nil, exitFail
 	}
 	return configStatusClient(e, cfg)
+}
+
+// splitScheme splits an --addr into its scheme ("http", "https" or "" for
+// none, any case) and host:port, with the default port when none is given.
+func splitScheme(addr string) (scheme, hostPort string) {
+	hostPort = addr
+	if i := strings.Index(addr, "://"); i >= 0 {
+		scheme, hostPort = strings.ToLower(addr[:i]), addr[i+3:]
+	}
+	hostPort = strings.TrimSuffix(hostPort, "/")
+	if _, _, err := net.SplitHostPort(hostPort); err != nil {
+		hostPort = net.JoinHostPort(strings.Trim(hostPort, "[]"), "9464")
+	}
+	return scheme, hostPort
+}
+
+// loopbackAddr reports whether host:port names this machine.
+func loopbackAddr(hostPort string) bool {
+	host, _, _ := net.SplitHostPort(hostPort)
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // statusKeys are the keys the status client reads.
@@ -195,6 +226,8 @@ func statusCmd(ctx context.Context, e *env, args []string) int {
 			e.errorf("%v\nTrust the gateway's certificate (status.tls.cert_file) or its CA with --ca FILE.", err)
 		case strings.Contains(err.Error(), "HTTP request to an HTTPS server"):
 			e.errorf("%v\nThe endpoint serves HTTPS (status.tls): use --addr https://HOST:PORT.", err)
+		case strings.Contains(err.Error(), "does not look like a TLS handshake"):
+			e.errorf("%v\nThe endpoint serves plain HTTP (no status.tls in the running agent's config, or it was not restarted since).", err)
 		default:
 			e.errorf("%v", err)
 		}

@@ -58,6 +58,19 @@ status:
 	if out, err := exec.Command(agentBin, "status", "--addr", statusAddr, "--ca", crt).CombinedOutput(); exitCode(err) != exitUsage {
 		t.Errorf("--ca without https:// must be a usage error: %v\n%s", err, out)
 	}
+	// A token for a remote address without a scheme is refused before any
+	// connection (.invalid never resolves): it would go in clear text.
+	c := exec.Command(agentBin, "status", "--addr", "gw-12.invalid:9464")
+	c.Env = append(os.Environ(), "EDGEAGENT_STATUS_TOKEN=s3cret")
+	if out, err := c.CombinedOutput(); exitCode(err) != exitUsage || !strings.Contains(string(out), "use https://gw-12.invalid:9464") {
+		t.Errorf("a token to a remote plain address: %v\n%s", err, out)
+	}
+	// The scheme in any case, the default port when none is given.
+	c = exec.Command(agentBin, "status", "--addr", "HTTPS://"+statusAddr, "--ca", crt, "--json")
+	c.Env = append(os.Environ(), "EDGEAGENT_STATUS_TOKEN=s3cret")
+	if out, err := c.CombinedOutput(); err != nil || !strings.Contains(string(out), `"gateway": "tls-gw"`) {
+		t.Errorf("status --addr HTTPS://: %v\n%s", err, out)
+	}
 	p.stop(t)
 
 	// A certificate renewed into a pair that does not load is caught by

@@ -237,6 +237,9 @@ func (s *Server) page(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	// No external loads, ever: the policy makes a regression visible.
 	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
+	// Opened with ?token=, the page must not be cached or pass its address on.
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Referrer-Policy", "no-referrer")
 	if err := renderPage(w, s.Current(), string(s.src.Config())); err != nil {
 		s.cfg.Logger.Error("render status page", "err", err)
 	}

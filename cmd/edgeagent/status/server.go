@@ -114,7 +114,10 @@ func New(cfg Config, src Source) (*Server, error) {
 	mux.HandleFunc("GET /status.json", s.auth(s.statusJSON))
 	mux.HandleFunc("GET /inspect/{table}", s.auth(s.inspect))
 	mux.HandleFunc("GET /{$}", s.auth(s.page))
-	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 30 * time.Second}
+	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 30 * time.Second,
+		// TLS handshake failures and the like: anyone who reaches the port
+		// can cause them, so they stay at debug level, structured.
+		ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug)}
 	return s, nil
 }
 
@@ -218,6 +221,11 @@ func (s *Server) Current() Snapshot {
 	s.mu.Unlock()
 	// [] rather than null in JSON when all is well.
 	snap.Warnings = append([]string{}, Warnings(&snap, s.cfg.TriggerInterval)...)
+	if s.certs != nil {
+		if w := s.certs.expiryWarning(s.cfg.Clock()); w != "" {
+			snap.Warnings = append(snap.Warnings, w)
+		}
+	}
 	return snap
 }
 

@@ -28,9 +28,13 @@ type certReloader struct {
 	cert   *tls.Certificate
 }
 
+// fileStamp tells a changed file: its modification time and size, and its
+// inode and change time, which a chown or chmod (a key made readable to
+// the agent after a renewal) or a rename over it move.
 type fileStamp struct {
-	mod  time.Time
-	size int64
+	mod          time.Time
+	size         int64
+	inode, ctime int64
 }
 
 type fileStamps [2]fileStamp
@@ -46,7 +50,33 @@ func newCertReloader(certFile, keyFile string, log *slog.Logger) (*certReloader,
 		return nil, fmt.Errorf("status: load TLS certificate %s with key %s: %w", certFile, keyFile, err)
 	}
 	r.cert, r.loaded = &cert, st
+	if w := r.expiryWarning(time.Now()); w != "" {
+		log.Warn("status: " + w)
+	}
 	return r, nil
+}
+
+// expiryWarnBefore is how long before its end a certificate is warned of.
+const expiryWarnBefore = 14 * 24 * time.Hour
+
+// expiryWarning says when the certificate in service has expired or
+// expires within expiryWarnBefore: clients other than the gateway's own
+// CLI (which pins it) then refuse the endpoint.
+func (r *certReloader) expiryWarning(now time.Time) string {
+	r.mu.Lock()
+	cert := r.cert
+	r.mu.Unlock()
+	leaf := cert.Leaf // set by LoadX509KeyPair since Go 1.23
+	if leaf == nil {
+		return ""
+	}
+	switch left := leaf.NotAfter.Sub(now); {
+	case left <= 0:
+		return fmt.Sprintf("the status endpoint's TLS certificate (%s) expired on %s: remote clients refuse it", r.certFile, leaf.NotAfter.UTC().Format(time.DateOnly))
+	case left < expiryWarnBefore:
+		return fmt.Sprintf("the status endpoint's TLS certificate (%s) expires on %s", r.certFile, leaf.NotAfter.UTC().Format(time.DateOnly))
+	}
+	return ""
 }
 
 func (r *certReloader) stamps() (fileStamps, error) {
@@ -56,7 +86,8 @@ func (r *certReloader) stamps() (fileStamps, error) {
 		if err != nil {
 			return st, fmt.Errorf("status: TLS file: %w", err)
 		}
-		st[i] = fileStamp{fi.ModTime(), fi.Size()}
+		st[i] = fileStamp{mod: fi.ModTime(), size: fi.Size()}
+		st[i].inode, st[i].ctime = inodeAndCtime(fi)
 	}
 	return st, nil
 }
@@ -79,6 +110,9 @@ func (r *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	}
 	r.cert, r.loaded = &cert, st
 	r.log.Info("status: TLS certificate reloaded", "cert_file", r.certFile)
+	if cert.Leaf != nil && !cert.Leaf.NotAfter.After(time.Now()) {
+		r.log.Warn("status: the reloaded TLS certificate has expired", "cert_file", r.certFile, "not_after", cert.Leaf.NotAfter)
+	}
 	return r.cert, nil
 }
 
@@ -107,7 +141,7 @@ func PinnedTLS(certFile string) (*tls.Config, error) {
 		InsecureSkipVerify: true,
 		VerifyConnection: func(cs tls.ConnectionState) error {
 			if len(cs.PeerCertificates) == 0 || !bytes.Equal(cs.PeerCertificates[0].Raw, leaf) {
-				return fmt.Errorf("status: the endpoint's certificate is not the one in %s (renewed since this command read it, or another server on the port)", certFile)
+				return fmt.Errorf("status: the endpoint's certificate is not the one in %s (renewed since this command read it, the agent could not load the renewed pair — its log says why — or another server on the port)", certFile)
 			}
 			return nil
 		},

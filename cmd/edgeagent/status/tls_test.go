@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -137,5 +139,54 @@ func TestPlainHTTPOffLoopbackWarns(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "clear text") {
 		t.Errorf("no warning for a plain HTTP endpoint beyond loopback: %q", logs.String())
+	}
+}
+
+// A chmod or chown moves no modification time: the stamps still tell the
+// change, so a key made readable after a failed reload is loaded.
+func TestCertStampsSeeAChmod(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("inode change times are read on Linux only")
+	}
+	dir := t.TempDir()
+	crt, key := filepath.Join(dir, "s.crt"), filepath.Join(dir, "s.key")
+	certtest.WriteSelfSigned(t, crt, key, "127.0.0.1")
+	r, err := newCertReloader(crt, key, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := r.stamps()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mod := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(key, mod, mod); err != nil { // a known mtime, kept across the chmod
+		t.Fatal(err)
+	}
+	mid, err := r.stamps()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(key, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	after, err := r.stamps()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mid == before || after == mid {
+		t.Errorf("stamps do not change with a chmod: %+v, %+v, %+v", before, mid, after)
+	}
+}
+
+// The status warns of a certificate that expires within two weeks (the
+// gateway's own CLI pins it and would not notice).
+func TestCertExpiryWarning(t *testing.T) {
+	dir := t.TempDir()
+	crt, key := filepath.Join(dir, "s.crt"), filepath.Join(dir, "s.key")
+	certtest.WriteSelfSigned(t, crt, key, "127.0.0.1") // valid for an hour
+	s := startServer(t, Config{Listen: "127.0.0.1:0", CertFile: crt, KeyFile: key}, &fakeSource{snap: sampleSnapshot(), ready: true})
+	if w := strings.Join(s.Current().Warnings, "\n"); !strings.Contains(w, "TLS certificate ("+crt+") expires on") {
+		t.Errorf("no expiry warning: %q", w)
 	}
 }
