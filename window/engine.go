@@ -340,7 +340,7 @@ func (e *engine) match(t string) (*sub, string, string, bool) {
 
 func (e *engine) dead(r *buffer.Record, device, code, msg string) {
 	e.c.Dead[codeIdx(code)]++
-	if e.replaying {
+	if e.suppressed() {
 		return
 	}
 	p := r.Payload
@@ -525,7 +525,7 @@ func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string)
 			end := s + e.sizeMs
 			if end <= dev.finalBefore {
 				e.c.Late++
-				if !e.replaying {
+				if !e.suppressed() {
 					e.lates = append(e.lates, Late{Seq: seq, Device: dev.name, Metric: string(name), EventTime: t,
 						WindowStart: s, Value: m.v, Watermark: dev.finalBefore + e.lateMs})
 				}
@@ -742,6 +742,12 @@ func (e *engine) emitSorted(ws []*window) {
 	}
 }
 
+// suppressed says whether a late or dead-letter row is already written:
+// during a catch-up, unless the settings changed (deferReplayed), when the
+// rows written may not be these — then it is written again, a duplicate
+// row being better than a reading found in neither a window nor a table.
+func (e *engine) suppressed() bool { return e.replaying && !e.deferReplayed }
+
 func (e *engine) emit(w *window) {
 	if e.replaying && e.deferReplayed {
 		w.emitted = true
@@ -836,7 +842,9 @@ func (e *engine) advanceClock(ts int64) {
 		e.emitAndPrune(due)
 	}
 	e.due = due[:0]
-	for d := e.idleList.head; d != nil && d.lastSeen <= ts-e.expiryNs; d = e.idleList.head {
+	// Not during a deferred catch-up: expiry drops the windows it holds
+	// pending; they expire at the first tick after it, sent.
+	for d := e.idleList.head; d != nil && d.lastSeen <= ts-e.expiryNs && !(e.replaying && e.deferReplayed); d = e.idleList.head {
 		e.expire(d)
 	}
 }

@@ -64,6 +64,9 @@ type StepResult struct {
 // Stats is a snapshot of the stage's position, state size and counters.
 type Stats struct {
 	Offset uint64
+	// WrittenThrough is the last Bronze sequence whose outputs are
+	// written: past Offset after a crash, until the catch-up replays to it.
+	WrittenThrough uint64
 	// Records counts Bronze records processed (messages, ticks, rejected);
 	// Readings those that became readings (before dedup).
 	Records, Readings uint64
@@ -663,6 +666,7 @@ func (s *Stage) publish(res StepResult, batch bool) {
 		st.LastBatchRecords = res.Records
 	}
 	st.Offset = e.offset
+	st.WrittenThrough = max(e.offset, e.suppressThrough)
 	st.Records, st.Readings = e.c.Records, e.c.Readings
 	st.Emitted, st.Revisions = e.c.Emitted, e.c.Revisions
 	st.OpenWindows, st.EvictedWindows, st.PendingRevisions = e.nWindows, e.nEvicted, len(e.pending)

@@ -781,12 +781,16 @@ func TestCrashThenChangedSettings(t *testing.T) {
 		before, change func(*Config)
 		written        int  // aggregates of the window written before the crash
 		lateAfter      bool // one more late reading for it after the restart
+		// stopMid: the restarted stage checkpoints one record into the
+		// catch-up (a shutdown there) and a third one finishes it.
+		stopMid bool
 	}{
-		{"trigger interval", func(*Config) {}, func(c *Config) { c.TriggerInterval = 10 * time.Second }, 2, true},
-		{"watermark delay", func(*Config) {}, func(c *Config) { c.WatermarkDelay = 10 * time.Second }, 2, true},
+		{"trigger interval", func(*Config) {}, func(c *Config) { c.TriggerInterval = 10 * time.Second }, 2, true, false},
+		{"watermark delay", func(*Config) {}, func(c *Config) { c.WatermarkDelay = 10 * time.Second }, 2, true, false},
 		// The catch-up emits what the old settings had not, and nothing
 		// later revises it: it must still go out, not be taken for written.
-		{"shorter watermark delay", func(c *Config) { c.WatermarkDelay = 10 * time.Second }, func(c *Config) { c.WatermarkDelay = 0 }, 0, false},
+		{"shorter watermark delay", func(c *Config) { c.WatermarkDelay = 10 * time.Second }, func(c *Config) { c.WatermarkDelay = 0 }, 0, false, false},
+		{"shorter watermark delay, stopped mid catch-up", func(c *Config) { c.WatermarkDelay = 10 * time.Second }, func(c *Config) { c.WatermarkDelay = 0 }, 0, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			base := base
@@ -827,6 +831,23 @@ func TestCrashThenChangedSettings(t *testing.T) {
 			s2, err := New(db, br, changed)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if tc.stopMid {
+				one := changed
+				one.MaxRecordsPerBatch = 1
+				s1, err := New(db, br, one)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := s1.Step(); err != nil {
+					t.Fatal(err)
+				}
+				if err := s1.Checkpoint(); err != nil { // the shutdown's
+					t.Fatal(err)
+				}
+				if s2, err = New(db, br, changed); err != nil {
+					t.Fatal(err)
+				}
 			}
 			if tc.lateAfter {
 				appendAll(t, br, []buffer.Record{telemetry("d1", "5", at(3), at(23), 50)})

@@ -440,10 +440,15 @@ func writeCheckpoint(tx *bolt.Tx, e *engine) error {
 	if err := m.Put(keyCounters, appendCounters(nil, &e.c)); err != nil {
 		return fmt.Errorf("put counters: %w", err)
 	}
-	// The settings the state and the outputs from here on are decided
-	// under, and the revision floor a deferred catch-up may have raised.
-	if err := m.Put(keyBehaviour, e.cfg.behaviour()); err != nil {
-		return fmt.Errorf("put behaviour: %w", err)
+	// The settings the outputs from here on are decided under — only once
+	// a catch-up is done: a checkpoint in its middle (shutdown, a large
+	// delta, a full Bronze) must leave the old ones, or the next start
+	// would take the rest of the catch-up for written under these — and
+	// the revision floor a deferred catch-up may have raised.
+	if e.offset >= e.suppressThrough {
+		if err := m.Put(keyBehaviour, e.cfg.behaviour()); err != nil {
+			return fmt.Errorf("put behaviour: %w", err)
+		}
 	}
 	if err := putU64(tx.Bucket(bucketRevs), keyRevBase, uint64(e.revBase)); err != nil {
 		return err

@@ -198,6 +198,31 @@ processing: {trigger_interval: 50ms}
 	publish("press-2", 10)
 	mqtttest.WaitFor(t, 20*time.Second, "the new device's readings processed", func() bool { return readings() == 40 })
 	p.stop(t)
+
+	// After a crash the outputs are written past the last checkpoint: new
+	// records must come after those, or their own outputs (here a dead
+	// letter) are taken for written during the catch-up.
+	cfg2 := writeConfig(t, dir, embeddedAgentConfig("lost-gw", dir, mqttAddr)+fmt.Sprintf(`
+status: {listen: "%s"}
+processing: {trigger_interval: 50ms, checkpoint_interval: 1h}
+`, statusAddr))
+	p = startAgent(t, "run", "-c", cfg2)
+	p.waitLog(t, "embedded broker listening")
+	publish("press-3", 20)
+	mqtttest.WaitFor(t, 20*time.Second, "press-3 processed", func() bool { return readings() == 60 })
+	p.kill()
+	if err := os.Remove(filepath.Join(dir, "data", "bronze.db")); err != nil {
+		t.Fatal(err)
+	}
+	p = startAgent(t, "run", "-c", cfg2)
+	p.waitLog(t, "embedded broker listening")
+	pub := mqtttest.NewPublisher(t, "tcp://"+mqttAddr, "press-4")
+	pub.Publish(t, "sensors/press-4/telemetry", 1, []byte(`{"id":"x","ts":"not a time","v":1}`))
+	mqtttest.WaitFor(t, 20*time.Second, "the new record's dead letter written", func() bool {
+		out, err := exec.Command(agentBin, "inspect", "deadletter", "-c", cfg2, "--json").Output()
+		return err == nil && strings.Contains(string(out), "press-4")
+	})
+	p.stop(t)
 }
 
 // A damaged data file stops the agent with the file named and the step

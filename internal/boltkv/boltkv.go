@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"strconv"
 	"time"
@@ -61,15 +62,64 @@ var ErrDamaged = errors.New("the file is damaged")
 // file is first walked here, read-only and under recover, through the same
 // page reads; the walk costs about what bbolt's own costs, and the second
 // one finds the pages in the page cache.
+//
+// Read-only opens (inspect, replay) walk too: their reads would meet the
+// same panics. A file shorter than its meta page says is refused before
+// any of it is mapped: reading a mapped page past the end of a file is a
+// SIGBUS, which no recover catches. An empty file is left to bbolt, which
+// initialises it.
 func Open(path string, mode os.FileMode, readOnly bool) (*bolt.DB, error) {
-	if !readOnly {
-		if _, err := os.Stat(path); err == nil {
-			if err := walk(path); err != nil {
-				return nil, err
-			}
+	if fi, err := os.Stat(path); err == nil && fi.Size() > 0 {
+		if err := checkLength(path, fi.Size()); err != nil {
+			return nil, err
+		}
+		if err := walk(path); err != nil {
+			return nil, err
 		}
 	}
 	return open(path, mode, readOnly)
+}
+
+// checkLength compares the file's length with the page count its newest
+// valid meta page records (bbolt's layout: two meta pages, each a 16-byte
+// page header, then magic, version, page size, flags, root bucket (16),
+// freelist page, page count, transaction id, and an FNV-64a checksum of
+// the fields before it).
+func checkLength(path string, size int64) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	const hdr, metaLen = 16, 64
+	readMeta := func(off int64) (pageSize uint32, pages, txid uint64, ok bool) {
+		b := make([]byte, hdr+metaLen)
+		if _, err := f.ReadAt(b, off); err != nil {
+			return 0, 0, 0, false
+		}
+		m := b[hdr:]
+		h := fnv.New64a()
+		h.Write(m[:56])
+		if binary.LittleEndian.Uint32(m[0:]) != 0xED0CDAED || binary.LittleEndian.Uint64(m[56:]) != h.Sum64() {
+			return 0, 0, 0, false
+		}
+		return binary.LittleEndian.Uint32(m[8:]), binary.LittleEndian.Uint64(m[40:]), binary.LittleEndian.Uint64(m[48:]), true
+	}
+	ps, pages, txid, ok0 := readMeta(0)
+	if !ok0 {
+		ps = uint32(os.Getpagesize())
+	}
+	ps1, pages1, txid1, ok1 := readMeta(int64(ps))
+	switch {
+	case !ok0 && !ok1:
+		return fmt.Errorf("%w: no valid meta page (%d bytes)", ErrDamaged, size)
+	case !ok0 || ok1 && txid1 > txid:
+		ps, pages = ps1, pages1
+	}
+	if need := int64(pages) * int64(ps); size < need {
+		return fmt.Errorf("%w: truncated: %d bytes, its pages need %d", ErrDamaged, size, need)
+	}
+	return nil
 }
 
 func open(path string, mode os.FileMode, readOnly bool) (db *bolt.DB, err error) {

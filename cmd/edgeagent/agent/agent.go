@@ -197,7 +197,9 @@ func Damaged(err error, dataDir, file string) error {
 // restored from an older copy. Numbered from 1 again, new records would
 // count as processed — acknowledged to the broker, never windowed.
 func (a *Agent) continueBronze() error {
-	offset, last := a.Stage.Stats().Offset, a.Bronze.LastSeq()
+	// Past the outputs already written, not only the checkpoint: after a
+	// crash a new record numbered in between would count as replayed.
+	offset, last := a.Stage.Stats().WrittenThrough, a.Bronze.LastSeq()
 	moved, err := a.Bronze.SkipTo(offset)
 	if err != nil {
 		return err
