@@ -647,6 +647,14 @@ status:
 			t.Errorf("Unresolved(%s) = %q, want %q", key, got, want)
 		}
 	}
+	// A cross-key check on a key left unknown does not hold either way.
+	cross := "gateway_id: gw\nmqtt:\n  broker: tcp://127.0.0.1:1883\n  username: ${MU}\n  password: pw\n  subscriptions: [{topic: \"a/{device}\"}]\n"
+	if _, err := ParseReadOnly("config.yaml", []byte(cross), env); err != nil {
+		t.Errorf("ParseReadOnly with the username's variable unset: %v", err)
+	}
+	if _, err := Parse("config.yaml", []byte(cross), env); err == nil {
+		t.Error("Parse accepted an unset variable")
+	}
 	// A key that is wrong for another reason is still refused.
 	if _, err := ParseReadOnly("config.yaml", []byte(yaml+"  tokn: x\n"), env); err == nil || !strings.Contains(err.Error(), "tokn") {
 		t.Errorf("ParseReadOnly with an unknown key = %v", err)

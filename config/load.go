@@ -55,6 +55,18 @@ func (c *Config) Unresolved(key string) []string {
 	return slices.Compact(names)
 }
 
+// namesUnset reports whether a cross-key error's message names a key whose
+// value a ParseReadOnly left unknown ("mqtt.password: needs mqtt.username"
+// with mqtt.username: ${UNSET}): the check cannot hold either way.
+func (s *source) namesUnset(msg string) bool {
+	for k := range s.unset {
+		if strings.Contains(msg, k) {
+			return true
+		}
+	}
+	return false
+}
+
 func parse(filename string, data []byte, env func(string) (string, bool), readOnly bool) (*Config, error) {
 	if env == nil {
 		env = os.LookupEnv
@@ -73,7 +85,7 @@ func parse(filename string, data []byte, env func(string) (string, bool), readOn
 		var verr *Errors
 		if err := c.Validate(); errors.As(err, &verr) {
 			for _, fe := range verr.List {
-				if !src.suppressed(fe.Key) {
+				if !src.suppressed(fe.Key) && !src.namesUnset(fe.Msg) {
 					d.errs = append(d.errs, fe)
 				}
 			}
