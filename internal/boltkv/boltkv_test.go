@@ -79,30 +79,9 @@ func TestOpenReportsDamage(t *testing.T) {
 	}{{"tree pages", 2, 40}, {"meta pages", 0, 2}} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "kv.db")
+			pageSize := writeLog(t, path)
 			db, err := Open(path, 0o600, false)
 			if err != nil {
-				t.Fatal(err)
-			}
-			err = db.Update(func(tx *bolt.Tx) error {
-				b, err := tx.CreateBucket([]byte("log"))
-				if err != nil {
-					return err
-				}
-				for i := range uint64(20_000) {
-					if err := b.Put(Key(i), bytes.Repeat([]byte{byte(i)}, 40)); err != nil {
-						return err
-					}
-				}
-				return nil
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			pageSize := db.Info().PageSize
-			if err := db.Close(); err != nil {
-				t.Fatal(err)
-			}
-			if db, err = Open(path, 0o600, false); err != nil {
 				t.Fatalf("a sound file: %v", err)
 			}
 			db.Close()
@@ -132,6 +111,31 @@ func TestOpenReportsDamage(t *testing.T) {
 // initialised as a new database.
 func TestOpenTruncated(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "kv.db")
+	pageSize := writeLog(t, path)
+	for _, size := range []int64{int64(pageSize), int64(4 * pageSize), 100_000} {
+		if err := os.Truncate(path, size); err != nil {
+			t.Fatal(err)
+		}
+		for _, readOnly := range []bool{false, true} {
+			if _, err := Open(path, 0o600, readOnly); !errors.Is(err, ErrDamaged) {
+				t.Errorf("truncated to %d bytes, read-only %v: Open = %v, want ErrDamaged", size, readOnly, err)
+			}
+		}
+	}
+	if err := os.Truncate(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	db, err := Open(path, 0o600, false)
+	if err != nil {
+		t.Fatalf("an empty file: %v", err)
+	}
+	db.Close()
+}
+
+// writeLog writes a database at path with a bucket of 20,000 rows (a few
+// hundred pages) and returns its page size.
+func writeLog(t *testing.T, path string) int {
+	t.Helper()
 	db, err := Open(path, 0o600, false)
 	if err != nil {
 		t.Fatal(err)
@@ -155,22 +159,5 @@ func TestOpenTruncated(t *testing.T) {
 	if err := db.Close(); err != nil {
 		t.Fatal(err)
 	}
-	for _, size := range []int64{int64(pageSize), int64(4 * pageSize), 100_000} {
-		if err := os.Truncate(path, size); err != nil {
-			t.Fatal(err)
-		}
-		for _, readOnly := range []bool{false, true} {
-			if _, err := Open(path, 0o600, readOnly); !errors.Is(err, ErrDamaged) {
-				t.Errorf("truncated to %d bytes, read-only %v: Open = %v, want ErrDamaged", size, readOnly, err)
-			}
-		}
-	}
-	if err := os.Truncate(path, 0); err != nil {
-		t.Fatal(err)
-	}
-	db, err = Open(path, 0o600, false)
-	if err != nil {
-		t.Fatalf("an empty file: %v", err)
-	}
-	db.Close()
+	return pageSize
 }
