@@ -39,7 +39,8 @@ near its bound, uplink down for long, broker disconnected.
 
 With -c, the config gives the address, the token and, when status.tls is
 set, the certificate to trust (exactly that one). With --addr, the token
-comes from $EDGEAGENT_STATUS_TOKEN; an https:// address is checked against
+comes from $EDGEAGENT_STATUS_TOKEN (or, given -c too, from the config); an
+https:// address is checked against
 the system's roots, or against the certificates in --ca (a private CA, or
 the gateway's self-signed certificate).
 
@@ -123,6 +124,14 @@ var inspectExtraFlags = map[string]string{
 func statusClient(e *env, path, addr, caFile string, explicitConfig bool) (*status.Client, int) {
 	if addr != "" {
 		token := os.Getenv("EDGEAGENT_STATUS_TOKEN")
+		if token == "" && explicitConfig {
+			// -c with --addr: the config gives the token.
+			cfg, code := loadReadOnlyConfig(e, path, "status.token")
+			if cfg == nil {
+				return nil, code
+			}
+			token = cfg.Status.Token
+		}
 		scheme, hostPort := splitScheme(addr)
 		switch {
 		case scheme == "https":
@@ -226,6 +235,8 @@ func statusCmd(ctx context.Context, e *env, args []string) int {
 			e.errorf("%v\nTrust the gateway's certificate (status.tls.cert_file) or its CA with --ca FILE.", err)
 		case strings.Contains(err.Error(), "HTTP request to an HTTPS server"):
 			e.errorf("%v\nThe endpoint serves HTTPS (status.tls): use --addr https://HOST:PORT.", err)
+		case strings.Contains(err.Error(), "401 Unauthorized"):
+			e.errorf("%v\nWith --addr the token comes from $EDGEAGENT_STATUS_TOKEN (or -c FILE's status.token).", err)
 		case strings.Contains(err.Error(), "does not look like a TLS handshake"):
 			e.errorf("%v\nThe endpoint serves plain HTTP (no status.tls in the running agent's config, or it was not restarted since).", err)
 		default:

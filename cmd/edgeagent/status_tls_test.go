@@ -58,6 +58,10 @@ status:
 	if out, err := exec.Command(agentBin, "status", "--addr", statusAddr, "--ca", crt).CombinedOutput(); exitCode(err) != exitUsage {
 		t.Errorf("--ca without https:// must be a usage error: %v\n%s", err, out)
 	}
+	// -c with --addr: the config's token.
+	if out, err := exec.Command(agentBin, "status", "-c", cfgPath, "--addr", "https://"+statusAddr, "--ca", crt, "--json").CombinedOutput(); err != nil || !strings.Contains(string(out), `"gateway": "tls-gw"`) {
+		t.Errorf("status -c with --addr: %v\n%s", err, out)
+	}
 	// A token for a remote address without a scheme is refused before any
 	// connection (.invalid never resolves): it would go in clear text.
 	c := exec.Command(agentBin, "status", "--addr", "gw-12.invalid:9464")
