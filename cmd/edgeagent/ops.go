@@ -40,9 +40,9 @@ near its bound, uplink down for long, broker disconnected.
 With -c, the config gives the address, the token and, when status.tls is
 set, the certificate to trust (exactly that one). With --addr, the token
 comes from $EDGEAGENT_STATUS_TOKEN (or, given -c too, from the config); an
-https:// address is checked against
-the system's roots, or against the certificates in --ca (a private CA, or
-the gateway's self-signed certificate).
+https:// address is checked against the system's roots, or against the
+certificates in --ca (a private CA, or the gateway's self-signed
+certificate).
 
 Examples:
   edgeagent status
