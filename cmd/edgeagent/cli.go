@@ -69,8 +69,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if len(args) > 1 {
 			topic := strings.Join(args[1:], " ")
 			if c := lookup(topic); c != nil {
-				fmt.Fprint(stdout, c.usage)
-				return exitOK
+				// The command's own --help: its usage and its flags.
+				return Run(ctx, append(strings.Fields(c.name), "--help"), stdout, stderr)
 			}
 			if printGroup(stdout, topic) {
 				return exitOK
