@@ -269,11 +269,11 @@ func TestDamagedDataFiles(t *testing.T) {
 			!strings.Contains(string(out), "mv "+path+" "+path+".damaged") || strings.Contains(string(out), "panic") {
 			t.Fatalf("run with a damaged %s: %v\n%s", file, err, out)
 		}
-		if file == "state.db" {
-			out, err := exec.Command(agentBin, "reset-state", "-c", cfgPath, "--yes").CombinedOutput()
-			if exitCode(err) != exitFail || !strings.Contains(string(out), ".damaged") || strings.Contains(string(out), "Stop the agent") {
-				t.Errorf("reset-state with a damaged state.db: %v\n%s", err, out)
-			}
+		// reset-state stops too: with Bronze damaged it would drop the state
+		// and leave nothing to rebuild it from.
+		out, err = exec.Command(agentBin, "reset-state", "-c", cfgPath, "--yes").CombinedOutput()
+		if exitCode(err) != exitFail || !strings.Contains(string(out), path+" is damaged") || strings.Contains(string(out), "Stop the agent") {
+			t.Errorf("reset-state with a damaged %s: %v\n%s", file, err, out)
 		}
 		if err := os.Rename(path, path+".damaged"); err != nil {
 			t.Fatal(err)

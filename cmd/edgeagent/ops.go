@@ -467,6 +467,16 @@ func resetStateCmd(_ context.Context, e *env, args []string) int {
 		e.errorf("reset-state deletes the window state in %s (Bronze and the outbox are kept); add --yes to confirm", filepath.Join(cfg.DataDir, agent.StateFile))
 		return exitUsage
 	}
+	// The rebuild reads Bronze: a damaged one would leave nothing to
+	// rebuild from, after the state was dropped.
+	if b, err := buffer.Open(filepath.Join(cfg.DataDir, agent.BronzeFile), buffer.Options{ReadOnly: true}); err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			return openFailed(e, err, cfg.DataDir, agent.BronzeFile, "reset-state")
+		}
+	} else if err := b.Close(); err != nil {
+		e.errorf("%v", err)
+		return exitFail
+	}
 	db, err := agent.OpenState(cfg.DataDir, false)
 	if err != nil {
 		return openFailed(e, err, cfg.DataDir, agent.StateFile, "reset-state")
