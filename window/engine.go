@@ -748,8 +748,12 @@ func (e *engine) emitSorted(ws []*window) {
 // row being better than a reading found in neither a window nor a table.
 func (e *engine) suppressed() bool { return e.replaying && !e.deferReplayed }
 
+// deferring says whether emissions are held pending: a catch-up under
+// changed settings (see deferReplayed).
+func (e *engine) deferring() bool { return e.replaying && e.deferReplayed }
+
 func (e *engine) emit(w *window) {
-	if e.replaying && e.deferReplayed {
+	if e.deferring() {
 		w.emitted = true
 		if !w.pending {
 			w.pending = true
@@ -844,7 +848,7 @@ func (e *engine) advanceClock(ts int64) {
 	e.due = due[:0]
 	// Not during a deferred catch-up: expiry drops the windows it holds
 	// pending; they expire at the first tick after it, sent.
-	for d := e.idleList.head; d != nil && d.lastSeen <= ts-e.expiryNs && !(e.replaying && e.deferReplayed); d = e.idleList.head {
+	for d := e.idleList.head; d != nil && d.lastSeen <= ts-e.expiryNs && !e.deferring(); d = e.idleList.head {
 		e.expire(d)
 	}
 }
