@@ -38,6 +38,9 @@ func WriteMetrics(w io.Writer, snap Snapshot) {
 	labeled(w, "edgeagent_info", "gauge", "", map[string]uint64{
 		fmt.Sprintf(`gateway=%q,version=%q`, snap.Gateway, snap.Version): 1})
 	g("edgeagent_uptime_seconds", snap.UptimeSeconds)
+	// One number to alert on: each warning also names its cause in
+	// status.json and on the page.
+	g("edgeagent_warnings", float64(len(snap.Warnings)))
 
 	in := snap.Ingest
 	g("edgeagent_ingest_connected", b(in.Connected))
@@ -86,6 +89,11 @@ func WriteMetrics(w io.Writer, snap Snapshot) {
 	c("edgeagent_dead_letter_rows_evicted_total", wn.DeadLetterRowsEvicted)
 	c("edgeagent_devices_expired_total", wn.DevicesExpired)
 	g("edgeagent_end_to_end_lag_seconds", wn.LagSeconds)
+	// The newest received-at the stage has seen; against time() it shows a
+	// gateway clock that went back (the stage's clock does not).
+	if !wn.LoggedClock.IsZero() {
+		g("edgeagent_window_logged_clock_timestamp_seconds", float64(wn.LoggedClock.UnixMilli())/1e3)
+	}
 	g("edgeagent_window_blocked", b(wn.Blocked))
 	c("edgeagent_window_blocked_total", wn.BlockedTotal)
 
@@ -114,6 +122,13 @@ func WriteMetrics(w io.Writer, snap Snapshot) {
 	c("edgeagent_uplink_duplicates_total", up.Duplicates)
 	c("edgeagent_uplink_ack_timeouts_total", up.AckTimeouts)
 	g("edgeagent_uplink_last_ack_seconds", up.LastAckSeconds)
+	// How long sending has been failing (refused or unacknowledged,
+	// across reconnects); 0 while batches are acknowledged.
+	failing := 0.0
+	if !up.FailingSince.IsZero() && snap.Time.After(up.FailingSince) {
+		failing = snap.Time.Sub(up.FailingSince).Seconds()
+	}
+	g("edgeagent_uplink_failing_seconds", failing)
 	g("edgeagent_uplink_sealed_batches", float64(up.SealedBatches))
 	g("edgeagent_uplink_bytes_per_second", snap.Rates.SentPerSecond)
 

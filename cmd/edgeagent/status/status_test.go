@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -53,11 +54,11 @@ func sampleSnapshot() Snapshot {
 		Gateway: "gw-7", Version: "1.2.3", Time: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC), UptimeSeconds: 3600,
 		Ingest: Ingest{Broker: "tcp://127.0.0.1:1883", Connected: true, ReceivedTotal: 12345, Rejected: map[string]uint64{"payload_too_large": 2}, BrokerDropped: 6},
 		Bronze: Bronze{Records: 5000, Bytes: 900 << 20, MaxBytes: 1 << 30, BacklogRecords: 4321, UnprocessedBytes: 880 << 20},
-		Window: Window{ProcessedTotal: 8024, OpenWindows: 40000, EvictedWindows: 36000, LagSeconds: 2.5, LastBatchSeconds: 1.5, TriggerIntervalSeconds: 1,
+		Window: Window{LoggedClock: time.Date(2026, 11, 29, 12, 0, 1, 500e6, time.UTC), ProcessedTotal: 8024, OpenWindows: 40000, EvictedWindows: 36000, LagSeconds: 2.5, LastBatchSeconds: 1.5, TriggerIntervalSeconds: 1,
 			DeadLettersTotal: 3, DeadLettersByReason: map[string]uint64{"not_json": 3}, LateTotal: 7, DuplicatesTotal: 11},
 		Outbox: Outbox{Rows: 77, Bytes: 250 << 20, MaxBytes: 256 << 20, OldestAge: 30},
 		Uplink: Uplink{Transport: "nats", State: "down", Since: time.Date(2026, 11, 29, 11, 59, 58, 0, time.UTC),
-			DownSince: time.Date(2026, 11, 29, 11, 0, 0, 0, time.UTC)},
+			DownSince: time.Date(2026, 11, 29, 11, 0, 0, 0, time.UTC), FailingSince: time.Date(2026, 11, 29, 11, 58, 0, 0, time.UTC)},
 		DeadLetters: []DeadLetter{{Seq: 9, Topic: "sensors/d1/telemetry", Code: "not_json", Reason: "payload is not JSON: <oops>", Payload: "<oops>"}},
 	}
 }
@@ -132,12 +133,17 @@ func TestMetricsExposition(t *testing.T) {
 		"edgeagent_bronze_backlog_records 4321",
 		"edgeagent_ingest_broker_dropped_total 6",
 		"edgeagent_window_evicted_windows 36000",
+		"edgeagent_uplink_failing_seconds 120",
+		"edgeagent_window_logged_clock_timestamp_seconds 1.7959536015e+09",
 		"# TYPE edgeagent_late_readings_total counter",
 		"process_resident_memory_bytes",
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+	if n := len(s.Current().Warnings); n == 0 || !strings.Contains(body, fmt.Sprintf("\nedgeagent_warnings %d\n", n)) {
+		t.Errorf("/metrics should count the %d warnings in edgeagent_warnings", n)
 	}
 }
 
