@@ -372,7 +372,9 @@ func (c *Config) ApplyDerived() {
 	// So that writing only size: 5m gives tumbling 5m windows that no idle
 	// close cuts short, and a day's window does not fail the device_expiry
 	// rule it never wrote.
-	if w := &c.Window; c.src != nil {
+	// A size that is itself wrong derives nothing: its error is enough,
+	// without echoes on keys the file never wrote.
+	if w := &c.Window; c.src != nil && w.Size > 0 {
 		if !c.written("window.slide") {
 			w.Slide = w.Size
 		}

@@ -534,6 +534,33 @@ uplink:
 	}
 }
 
+// ParseCheckingFiles lists a missing file next to the other problems, so
+// `config check` shows everything in one pass.
+func TestParseCheckingFilesListsEverything(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing.creds")
+	_, err := ParseCheckingFiles("config.yaml", []byte(`gateway_id: gw
+mqtt:
+  broker: tcp://127.0.0.1:1883
+  subscriptions: [{topic: "a/{device}"}]
+window:
+  size: -1m
+uplink:
+  nats:
+    url: nats://127.0.0.1:4222
+    creds_file: `+missing+`
+`), func(string) (string, bool) { return "", false })
+	var errs *Errors
+	if !errors.As(err, &errs) || len(errs.List) != 2 {
+		t.Fatalf("ParseCheckingFiles() = %v, want two problems", err)
+	}
+	got := err.Error()
+	for _, want := range []string{"config.yaml:6: window.size:", "config.yaml:10: uplink.nats.creds_file: " + missing + ": no such file or directory"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("ParseCheckingFiles() =\n%s\nwant a line starting %q", got, want)
+		}
+	}
+}
+
 func TestFieldErrorFormat(t *testing.T) {
 	for _, tc := range []struct {
 		fe   FieldError

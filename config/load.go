@@ -27,8 +27,16 @@ func Load(path string) (*Config, error) {
 // naming filename, line and key. A YAML syntax error stops the parse, so it
 // is reported alone.
 func Parse(filename string, data []byte, env func(string) (string, bool)) (*Config, error) {
-	return parse(filename, data, env, false)
+	return parse(filename, data, env, parseOptions{})
 }
+
+// ParseCheckingFiles is Parse followed by CheckFiles, with the files'
+// problems listed next to the rest, so one pass shows everything wrong.
+func ParseCheckingFiles(filename string, data []byte, env func(string) (string, bool)) (*Config, error) {
+	return parse(filename, data, env, parseOptions{checkFiles: true})
+}
+
+type parseOptions struct{ readOnly, checkFiles bool }
 
 // ParseReadOnly is Parse for commands that read a few keys and start
 // nothing (status, inspect): a key whose ${NAME} variable is not set is
@@ -36,7 +44,7 @@ func Parse(filename string, data []byte, env func(string) (string, bool)) (*Conf
 // Unresolved names it. The variables often live in a file only root and
 // the service read, and a technician's status check should not need them.
 func ParseReadOnly(filename string, data []byte, env func(string) (string, bool)) (*Config, error) {
-	return parse(filename, data, env, true)
+	return parse(filename, data, env, parseOptions{readOnly: true})
 }
 
 // Unresolved returns the variables that key, or a key under it, references
@@ -67,13 +75,13 @@ func (s *source) namesUnset(msg string) bool {
 	return false
 }
 
-func parse(filename string, data []byte, env func(string) (string, bool), readOnly bool) (*Config, error) {
+func parse(filename string, data []byte, env func(string) (string, bool), o parseOptions) (*Config, error) {
 	if env == nil {
 		env = os.LookupEnv
 	}
 	src := &source{file: filename, pos: make(map[string]position), bad: make(map[string]bool)}
 	text, refs, err := markRefs(string(data))
-	d := &decoder{src: src, env: env, refs: refs, readOnly: readOnly}
+	d := &decoder{src: src, env: env, refs: refs, readOnly: o.readOnly}
 	c := Default()
 	if err != nil {
 		d.fail(position{}, "", "%v", err)
@@ -88,6 +96,11 @@ func parse(filename string, data []byte, env func(string) (string, bool), readOn
 				if !src.suppressed(fe.Key) && !src.namesUnset(fe.Msg) {
 					d.errs = append(d.errs, fe)
 				}
+			}
+		}
+		if o.checkFiles {
+			if err := c.CheckFiles(); errors.As(err, &verr) {
+				d.errs = append(d.errs, verr.List...)
 			}
 		}
 	}

@@ -197,7 +197,10 @@ const defaultConfigPath = "/etc/edgeagent/config.yaml"
 // NATS credentials) can be read, so a missing certificate is reported with
 // its line before anything starts instead of failing a stage at start.
 func loadConfig(e *env, path string, checkFiles bool) (*config.Config, int) {
-	return loadConfigWith(e, path, checkFiles, config.Parse)
+	if checkFiles {
+		return loadConfigWith(e, path, config.ParseCheckingFiles)
+	}
+	return loadConfigWith(e, path, config.Parse)
 }
 
 // loadReadOnlyConfig loads the file for a command that reads the keys
@@ -205,7 +208,7 @@ func loadConfig(e *env, path string, checkFiles bool) (*config.Config, int) {
 // elsewhere in the file does not stop it (config.ParseReadOnly), one in a
 // key it needs does, named.
 func loadReadOnlyConfig(e *env, path string, needed ...string) (*config.Config, int) {
-	cfg, code := loadConfigWith(e, path, false, config.ParseReadOnly)
+	cfg, code := loadConfigWith(e, path, config.ParseReadOnly)
 	if cfg == nil {
 		return nil, code
 	}
@@ -218,7 +221,7 @@ func loadReadOnlyConfig(e *env, path string, needed ...string) (*config.Config, 
 	return cfg, exitOK
 }
 
-func loadConfigWith(e *env, path string, checkFiles bool, parse func(string, []byte, func(string) (string, bool)) (*config.Config, error)) (*config.Config, int) {
+func loadConfigWith(e *env, path string, parse func(string, []byte, func(string) (string, bool)) (*config.Config, error)) (*config.Config, int) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		e.errorf("read config %s: %v", path, err)
@@ -226,9 +229,6 @@ func loadConfigWith(e *env, path string, checkFiles bool, parse func(string, []b
 	}
 	lookup, envErr := configEnv()
 	cfg, err := parse(path, data, lookup)
-	if err == nil && checkFiles {
-		err = cfg.CheckFiles()
-	}
 	if err != nil {
 		var errs *config.Errors
 		if errors.As(err, &errs) {
