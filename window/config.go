@@ -445,7 +445,7 @@ func compareFingerprint(stored, current []fingerprintItem, configPath string) er
 	if configPath == "" {
 		configPath = "<config>"
 	}
-	return fmt.Errorf("%w: %s; run `edgeagent reset-state -c %s --yes` to drop the window state and rebuild it from Bronze (Bronze and the outbox are kept, revisions continue above the highest one emitted)",
+	return fmt.Errorf("%w: %s; run `edgeagent reset-state -c %s` to drop the window state and rebuild it from Bronze (Bronze and the outbox are kept, revisions continue above the highest one emitted)",
 		ErrIncompatibleState, strings.Join(changes, "; "), configPath)
 }
 

@@ -122,13 +122,11 @@ uplink:
 	// A window-size change is refused, with the recovery command named.
 	cfgPath = config("temperature, temp", "2m")
 	out, err = exec.Command(agentBin, "run", "-c", cfgPath).CombinedOutput()
-	if exitCode(err) != exitConfig || !strings.Contains(string(out), "window.size changed") || !strings.Contains(string(out), "edgeagent reset-state -c "+cfgPath+" --yes") {
+	if exitCode(err) != exitConfig || !strings.Contains(string(out), "window.size changed") || !strings.Contains(string(out), "edgeagent reset-state -c "+cfgPath+"`") {
 		t.Fatalf("run after a window-size change: %v\n%s", err, out)
 	}
-	if out, err := exec.Command(agentBin, "reset-state", "-c", cfgPath).CombinedOutput(); exitCode(err) != exitUsage || !strings.Contains(string(out), "--yes") {
-		t.Fatalf("reset-state without --yes: %v\n%s", err, out)
-	}
-	if out, err := exec.Command(agentBin, "reset-state", "-c", cfgPath, "--yes").CombinedOutput(); err != nil {
+	// The command as the refusal names it, no confirmation flag.
+	if out, err := exec.Command(agentBin, "reset-state", "-c", cfgPath).CombinedOutput(); err != nil || !strings.Contains(string(out), "Window state reset") {
 		t.Fatalf("reset-state: %v\n%s", err, out)
 	}
 	p = startAgent(t, "run", "-c", cfgPath)
@@ -271,7 +269,7 @@ func TestDamagedDataFiles(t *testing.T) {
 		}
 		// reset-state stops too: with Bronze damaged it would drop the state
 		// and leave nothing to rebuild it from.
-		out, err = exec.Command(agentBin, "reset-state", "-c", cfgPath, "--yes").CombinedOutput()
+		out, err = exec.Command(agentBin, "reset-state", "-c", cfgPath).CombinedOutput()
 		if exitCode(err) != exitFail || !strings.Contains(string(out), path+" is damaged") || strings.Contains(string(out), "Stop the agent") {
 			t.Errorf("reset-state with a damaged %s: %v\n%s", file, err, out)
 		}

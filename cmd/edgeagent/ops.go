@@ -61,7 +61,8 @@ Examples:
 %s
 Read-only. While the agent runs this goes through its status endpoint;
 when it is stopped, through the files in data_dir. Times are RFC 3339
-(2026-11-29T10:00:00Z), a date (2026-11-29) or Unix seconds.
+(2026-11-29T10:00:00Z), a date (2026-11-29), Unix seconds or Unix
+milliseconds (as window starts are on the wire: 1795946400000).
 
 Examples:
   edgeagent inspect %s -c /etc/edgeagent/config.yaml --limit 20
@@ -73,18 +74,20 @@ Examples:
 	register(&command{
 		name:    "reset-state",
 		summary: "drop window state and rebuild it from Bronze (after an incompatible window change)",
-		usage: `Usage: edgeagent reset-state -c FILE --yes
+		usage: `Usage: edgeagent reset-state -c FILE
 
 Deletes the window state (open windows, dedup entries, watermarks), the late
 and dead-letter tables and the processing offset, and keeps Bronze and the
 unsent outbox. The next 'edgeagent run' reprocesses every retained Bronze
 record with the current config. Revisions continue above every revision
 already sent, so the cloud's keep-highest-revision upsert takes the new
-values. Run it with the agent stopped.
+values. Run it with the agent stopped (it refuses while the agent runs).
+Nothing it drops is lost for good: Bronze holds the records it is rebuilt
+from, though windows older than Bronze's retention are not rebuilt.
 
 Examples:
   systemctl stop edgeagent
-  edgeagent reset-state -c /etc/edgeagent/config.yaml --yes
+  edgeagent reset-state -c /etc/edgeagent/config.yaml
   systemctl start edgeagent
 `,
 		run: resetStateCmd,
@@ -98,7 +101,9 @@ The batch path: recomputes every window whose start lies in [from, to) from
 all retained Bronze records — parsed with the current config, so records
 that were dead-lettered before a config fix now count — and queues them in
 the outbox as new revisions, which the cloud's upsert takes over the old
-ones. Run it with the agent stopped; the next run delivers them.
+ones. Run it with the agent stopped; the next run delivers them. T is RFC
+3339, a date (UTC midnight), Unix seconds or Unix milliseconds (a window's
+start as the wire carries it).
 
 Examples:
   edgeagent replay -c /etc/edgeagent/config.yaml --from 2026-11-28T00:00:00Z --to 2026-11-29T00:00:00Z
@@ -298,7 +303,7 @@ func printStatus(w io.Writer, s *status.Snapshot, color bool) {
 	}
 	rows := [][2]string{
 		{"input / processed", fmt.Sprintf("%.1f msgs/s / %.1f records/s", s.Rates.InputPerSecond, s.Rates.ProcessedPerSecond)},
-		{"Bronze backlog", fmt.Sprintf("%d records (%+.1f/s)", s.Bronze.BacklogRecords, s.Rates.BacklogGrowth)},
+		{"Bronze backlog", fmt.Sprintf("%d records, about %s (%+.1f/s)", s.Bronze.BacklogRecords, status.Bytes(s.Bronze.UnprocessedBytes), s.Rates.BacklogGrowth)},
 		{"batch / trigger", fmt.Sprintf("%s / %s", d(s.Window.LastBatchSeconds), d(s.Window.TriggerIntervalSeconds))},
 		{"state", fmt.Sprintf("%d windows (%d on disk only), %d dedup entries, %d devices, %s", s.Window.OpenWindows, s.Window.EvictedWindows, s.Window.DedupEntries, s.Window.Devices, status.Bytes(s.Window.StateBytes))},
 		{"end-to-end lag", d(s.Window.LagSeconds)},
@@ -455,17 +460,14 @@ func resetStateCmd(_ context.Context, e *env, args []string) int {
 	c := lookup("reset-state")
 	fs := newFlags(c, e)
 	path := fs.String("c", defaultConfigPath, "config file")
-	yes := fs.Bool("yes", false, "confirm: delete the window state")
+	// --yes was required before; scripts that pass it keep working.
+	fs.Bool("yes", false, "accepted for compatibility; not needed")
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
 	cfg, code := loadConfig(e, *path, false)
 	if cfg == nil {
 		return code
-	}
-	if !*yes {
-		e.errorf("reset-state deletes the window state in %s (Bronze and the outbox are kept); add --yes to confirm", filepath.Join(cfg.DataDir, agent.StateFile))
-		return exitUsage
 	}
 	// The rebuild reads Bronze: a damaged one would leave nothing to
 	// rebuild from, after the state was dropped.

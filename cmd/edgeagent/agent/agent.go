@@ -131,7 +131,7 @@ func Open(cfg *config.Config, opts Options) (*Agent, error) {
 	if err != nil {
 		a.Close()
 		if errors.Is(err, window.ErrIncompatibleState) {
-			return nil, &HintError{Err: err, Hint: fmt.Sprintf("the saved window state does not match the config; to rebuild it from Bronze run: edgeagent reset-state -c %s --yes", opts.ConfigPath)}
+			return nil, &HintError{Err: err, Hint: fmt.Sprintf("the saved window state does not match the config; to rebuild it from Bronze run: edgeagent reset-state -c %s", opts.ConfigPath)}
 		}
 		return nil, fmt.Errorf("open window stage: %w", err)
 	}

@@ -62,6 +62,9 @@ func WriteMetrics(w io.Writer, snap Snapshot) {
 	g("edgeagent_bronze_bytes", float64(br.Bytes))
 	g("edgeagent_bronze_max_bytes", float64(br.MaxBytes))
 	g("edgeagent_bronze_backlog_records", float64(br.BacklogRecords))
+	// Estimated from the log's mean record size, like status.json's
+	// unprocessed_bytes.
+	g("edgeagent_bronze_backlog_bytes", float64(br.UnprocessedBytes))
 	g("edgeagent_bronze_oldest_age_seconds", br.OldestAge)
 	g("edgeagent_bronze_full", b(in.BronzeFull))
 

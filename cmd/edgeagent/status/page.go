@@ -118,8 +118,8 @@ func renderPage(w io.Writer, snap Snapshot, config string) error {
 	p.raw(escapeHTML(rate(s.Rates.InputPerSecond)), `</span> / <span id="processed-rate">`, escapeHTML(rate(s.Rates.ProcessedPerSecond)), "</span></div>\n")
 	p.raw(`<div class="sub">Bronze backlog <span id="backlog">`)
 	p.uint(s.Bronze.BacklogRecords)
-	p.raw("</span> records</div></div>\n" +
-		"<div class=\"card\"><div class=\"sub\">batch duration vs trigger</div>\n" +
+	p.raw("</span> records, about ", escapeHTML(Bytes(s.Bronze.UnprocessedBytes)), "</div></div>\n"+
+		"<div class=\"card\"><div class=\"sub\">batch duration vs trigger</div>\n"+
 		"<div class=\"num\"><span id=\"batch-duration\">")
 	p.raw(escapeHTML(secs(s.Window.LastBatchSeconds)), "</span> / ", escapeHTML(secs(s.Window.TriggerIntervalSeconds)), "</div>\n<div class=\"sub\">")
 	p.int(int64(s.Window.LastBatchRecords))

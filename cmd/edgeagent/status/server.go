@@ -421,7 +421,9 @@ func ParseQuery(get func(string) string) (Query, error) {
 }
 
 // ParseTime accepts RFC 3339 ("2026-11-29T10:00:00Z"), a date
-// ("2026-11-29", UTC midnight) or Unix seconds.
+// ("2026-11-29", UTC midnight), Unix seconds, or Unix milliseconds (12
+// digits or more: window starts and ends on the wire are milliseconds, and
+// as seconds they would be tens of thousands of years ahead).
 func ParseTime(v string) (time.Time, error) {
 	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
 		return t, nil
@@ -430,7 +432,10 @@ func ParseTime(v string) (time.Time, error) {
 		return t, nil
 	}
 	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if n >= 1e11 || n <= -1e11 {
+			return time.UnixMilli(n).UTC(), nil
+		}
 		return time.Unix(n, 0).UTC(), nil
 	}
-	return time.Time{}, fmt.Errorf("%q is not a time: use RFC 3339 (2026-11-29T10:00:00Z), a date (2026-11-29) or Unix seconds", v)
+	return time.Time{}, fmt.Errorf("%q is not a time: use RFC 3339 (2026-11-29T10:00:00Z), a date (2026-11-29), Unix seconds or Unix milliseconds", v)
 }

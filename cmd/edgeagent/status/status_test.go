@@ -131,6 +131,7 @@ func TestMetricsExposition(t *testing.T) {
 		`edgeagent_uplink_state{state="down"} 1`,
 		"edgeagent_end_to_end_lag_seconds 2.5",
 		"edgeagent_bronze_backlog_records 4321",
+		"edgeagent_bronze_backlog_bytes 9.2274688e+08",
 		"edgeagent_ingest_broker_dropped_total 6",
 		"edgeagent_window_evicted_windows 36000",
 		"edgeagent_uplink_failing_seconds 120",
@@ -325,5 +326,24 @@ func TestStatusPageInChromium(t *testing.T) {
 	if dst := os.Getenv("EDGEAGENT_SCREENSHOT"); dst != "" {
 		b, _ := os.ReadFile(shot)
 		os.WriteFile(dst, b, 0o644)
+	}
+}
+
+// ParseTime takes the forms the CLI's --from and --to document; a window
+// start copied from the wire (milliseconds) is not read as seconds.
+func TestParseTime(t *testing.T) {
+	for in, want := range map[string]time.Time{
+		"2026-11-29T10:00:00Z": time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC),
+		"2026-11-29":           time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC),
+		"1795946400":           time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC),
+		"1795946400000":        time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC),
+		"0":                    time.Unix(0, 0).UTC(),
+	} {
+		if got, err := ParseTime(in); err != nil || !got.Equal(want) {
+			t.Errorf("ParseTime(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	if _, err := ParseTime("yesterday"); err == nil || !strings.Contains(err.Error(), "Unix milliseconds") {
+		t.Errorf("ParseTime(yesterday) = %v, want an error naming the forms", err)
 	}
 }
