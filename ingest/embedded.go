@@ -30,6 +30,10 @@ type embedded struct {
 	dl   *connectDeadline
 	acks *ackWriter
 	up   atomic.Bool
+	// stalled are the local subscribers taken for ones that stopped
+	// reading (see waitForSubscribers).
+	stalledMu sync.Mutex
+	stalled   map[string]bool
 }
 
 func (e *embedded) start(ctx context.Context) error {
@@ -148,13 +152,96 @@ func (l *connectDeadline) Accept() (net.Conn, error) {
 }
 
 // Publish publishes on the embedded broker (for local alerts and
-// republished aggregates).
+// republished aggregates). A QoS 1 or 2 publish first waits for the
+// topic's subscribers to catch up (see waitForSubscribers).
 func (in *Ingester) Publish(topicName string, payload []byte, retain bool, qos byte) error {
 	e, ok := in.src.(*embedded)
 	if !ok || e.srv == nil {
 		return fmt.Errorf("ingest: no embedded broker to publish on")
 	}
+	if qos > 0 {
+		e.waitForSubscribers(topicName)
+	}
 	return e.srv.Publish(topicName, payload, retain, qos)
+}
+
+// Local publishes come from the outbox in bursts (a backlog's windows
+// close together), and mochi drops a message for a client whose write
+// queue (max_pending_writes) is full, even one reading as fast as its
+// connection allows. So a QoS>0 publish waits while a QoS>0 subscriber of
+// its topic has half a queue unacknowledged. A subscriber that stays that
+// far behind for subscriberStallAfter is taken for one that stopped
+// reading: it is not waited for again until it catches up, and what its
+// queue cannot hold is dropped and counted, as before, instead of holding
+// back every other local consumer.
+const (
+	subscriberStallAfter = 2 * time.Second
+	subscriberPoll       = time.Millisecond
+)
+
+func (e *embedded) waitForSubscribers(topic string) {
+	limit := max(1, e.in.cfg.EmbeddedMaxPendingWrites/2)
+	subs := e.srv.Topics.Subscribers(topic)
+	ids := make([]string, 0, len(subs.Subscriptions))
+	for id, sub := range subs.Subscriptions {
+		if sub.Qos > 0 {
+			ids = append(ids, id)
+		}
+	}
+	for _, group := range subs.Shared {
+		for id, sub := range group {
+			if sub.Qos > 0 {
+				ids = append(ids, id)
+			}
+		}
+	}
+	for _, id := range ids {
+		cl, ok := e.srv.Clients.Get(id)
+		if !ok {
+			continue
+		}
+		behind := func() bool { return !cl.Closed() && cl.State.Inflight.Len() >= limit }
+		e.stalledMu.Lock()
+		stalled := e.stalled[id]
+		e.stalledMu.Unlock()
+		if stalled {
+			if behind() {
+				continue
+			}
+			e.setStalled(id, false)
+		}
+		var deadline time.Time
+		for behind() && e.up.Load() {
+			if deadline.IsZero() {
+				deadline = time.Now().Add(subscriberStallAfter)
+			} else if time.Now().After(deadline) {
+				e.setStalled(id, true)
+				break
+			}
+			time.Sleep(subscriberPoll)
+		}
+	}
+}
+
+// setStalled records whether subscriber id is taken for one that stopped
+// reading, logging each change.
+func (e *embedded) setStalled(id string, stalled bool) {
+	e.stalledMu.Lock()
+	defer e.stalledMu.Unlock()
+	if e.stalled[id] == stalled {
+		return
+	}
+	if stalled {
+		if e.stalled == nil {
+			e.stalled = map[string]bool{}
+		}
+		e.stalled[id] = true
+		e.in.com.log.Warn("embedded broker: a local subscriber is not acknowledging; local messages no longer wait for it and may be dropped for it",
+			"client", id, "waited", subscriberStallAfter)
+		return
+	}
+	delete(e.stalled, id)
+	e.in.com.log.Info("embedded broker: local subscriber caught up", "client", id)
 }
 
 // ingestHook is the mochi hook that ingests device publishes.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -33,6 +34,19 @@ func embeddedConfig(t testing.TB, clientID string, logs io.Writer) Config {
 func rawClient(t testing.TB, addr, id string) net.Conn {
 	t.Helper()
 	return rawClientV(t, addr, id, 4)
+}
+
+// rawSubscribe subscribes conn to filter at qos and reads the SUBACK;
+// nothing is read after it.
+func rawSubscribe(t testing.TB, conn net.Conn, filter string, qos byte) {
+	t.Helper()
+	sub := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Subscribe, Qos: 1}, ProtocolVersion: 4, PacketID: 1,
+		Filters: packets.Subscriptions{{Filter: filter, Qos: qos}}}
+	var buf bytes.Buffer
+	if err := sub.SubscribeEncode(&buf); err != nil {
+		t.Fatal(err)
+	}
+	rawRoundTrip(t, conn, buf.Bytes(), 5)
 }
 
 // rawClientV is rawClient speaking MQTT protocol version v (4: 3.1.1, 5).
@@ -113,14 +127,7 @@ func TestEmbeddedStuckSubscriberIsCountedNotBlocking(t *testing.T) {
 	cfg.EmbeddedMaxPendingWrites = 4
 	in := startIngester(t, b, cfg)
 
-	conn := rawClient(t, cfg.Embedded, "stuck-subscriber")
-	sub := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Subscribe, Qos: 1}, ProtocolVersion: 4, PacketID: 1,
-		Filters: packets.Subscriptions{{Filter: "local/#", Qos: 0}}}
-	var buf bytes.Buffer
-	if err := sub.SubscribeEncode(&buf); err != nil {
-		t.Fatal(err)
-	}
-	rawRoundTrip(t, conn, buf.Bytes(), 5) // SUBACK; nothing is read after it
+	rawSubscribe(t, rawClient(t, cfg.Embedded, "stuck-subscriber"), "local/#", 0)
 
 	// Far more than the loopback socket buffers hold: the broker's writer
 	// blocks, its queue of four fills, and the rest is dropped.
@@ -361,5 +368,70 @@ func TestEmbeddedForgetsDisconnectedClients(t *testing.T) {
 	mqtttest.WaitFor(t, 10*time.Second, "every disconnected client forgotten", func() bool { return count() == 0 })
 	if got := len(messagesIn(t, b)); got != 15 {
 		t.Fatalf("bronze holds %d messages, want 15", got)
+	}
+}
+
+// A burst of local QoS1 publishes (a backlog's alerts) far larger than a
+// client's write queue reaches a QoS1 subscriber that keeps reading: the
+// publishes wait for it instead of overflowing its queue.
+func TestEmbeddedLocalBurstReachesAReadingSubscriber(t *testing.T) {
+	logs := &logBuffer{}
+	b := openBronze(t, buffer.Options{})
+	cfg := embeddedConfig(t, "edgeagent-burst", logs)
+	cfg.EmbeddedMaxPendingWrites = 16
+	in := startIngester(t, b, cfg)
+
+	var got atomic.Int64
+	sub := mqtttest.NewPublisher(t, "tcp://"+cfg.Embedded, "local-plc")
+	if tok := sub.Client.Subscribe("local/#", 1, func(paho.Client, paho.Message) { got.Add(1) }); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("subscribe: %v", tok.Error())
+	}
+	const n = 2000
+	for i := range n {
+		if err := in.Publish("local/alert", []byte(strconv.Itoa(i)), false, 1); err != nil {
+			t.Fatalf("local publish %d: %v", i, err)
+		}
+	}
+	mqtttest.WaitFor(t, 30*time.Second, "every local message delivered", func() bool { return got.Load() == n })
+	if d := in.Stats().BrokerDropped.Load(); d != 0 {
+		t.Errorf("%d local messages dropped for a subscriber that kept reading", d)
+	}
+	if strings.Contains(logs.String(), "not acknowledging") {
+		t.Errorf("a reading subscriber was taken for a stuck one:\n%s", logs.String())
+	}
+}
+
+// A QoS1 subscriber that stops reading holds local publishes back only
+// for a while: then it is taken for a stuck one, its messages are dropped
+// and counted, and publishing goes on without waiting for it.
+func TestEmbeddedStuckQoS1SubscriberStopsHoldingPublishes(t *testing.T) {
+	logs := &logBuffer{}
+	b := openBronze(t, buffer.Options{})
+	cfg := embeddedConfig(t, "edgeagent-stuck1", logs)
+	cfg.EmbeddedMaxPendingWrites = 4
+	in := startIngester(t, b, cfg)
+
+	rawSubscribe(t, rawClient(t, cfg.Embedded, "stuck-qos1"), "local/#", 1) // no PUBACK is ever sent
+
+	done := make(chan error, 1)
+	go func() {
+		for i := range 100 {
+			if err := in.Publish("local/x", []byte(strconv.Itoa(i)), false, 1); err != nil {
+				done <- fmt.Errorf("local publish %d: %w", i, err)
+				return
+			}
+		}
+		done <- nil
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("local publishes still held by a subscriber that never acknowledges")
+	}
+	if !strings.Contains(logs.String(), "not acknowledging") || !strings.Contains(logs.String(), "stuck-qos1") {
+		t.Errorf("no warning naming the stuck subscriber:\n%s", logs.String())
 	}
 }
