@@ -150,6 +150,12 @@ func Read(tx *bolt.Tx, from uint64, max int) ([]Entry, error) {
 	return out, nil
 }
 
+// Has reports whether the entry of sequence seq is still queued.
+func Has(tx *bolt.Tx, seq uint64) bool {
+	b := tx.Bucket(bucketRows)
+	return b != nil && b.Get(boltkv.Key(seq)) != nil
+}
+
 // Delete removes the entries with the given sequences (absent ones are skipped).
 func Delete(tx *bolt.Tx, seqs ...uint64) error {
 	b := tx.Bucket(bucketRows)

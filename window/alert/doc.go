@@ -74,7 +74,9 @@
 //   - A storm that spans two transactions (readings with the same
 //     received-at millisecond on either side of a micro-batch boundary)
 //     may let the publisher send some of the first individual messages
-//     before the summary replaces them.
+//     before the summary replaces them. When it already sent the summary,
+//     the storm goes on in a new part (SummaryMessage.Part) with its own
+//     key, counting only the transitions after it.
 //   - Held-back transitions are sent only when some window is emitted; a
 //     gateway whose devices are all silent sends nothing.
 package alert

@@ -627,6 +627,13 @@ func (e *Engine) localAlert(tx *bolt.Tx, k skey, r *rule, m *AlertMessage, at in
 		g = &group{at: at}
 		e.groups[k.rule] = g
 	}
+	if g.count > e.threshold && !outbox.Has(tx, g.summarySeq) {
+		// The storm goes on in a later micro-batch and its summary was
+		// already published: a new part, counting from here, under its
+		// own key, so no key goes out twice with different contents.
+		g.part++
+		g.fired, g.cleared, g.devices, g.summarySeq = 0, 0, nil, 0
+	}
 	g.count++
 	if m.State == StateFired {
 		g.fired++
@@ -645,12 +652,20 @@ func (e *Engine) localAlert(tx *bolt.Tx, k skey, r *rule, m *AlertMessage, at in
 	} else {
 		// A storm: the individual messages of this group give way to one
 		// summary, rewritten as the group grows. Rows of an earlier
-		// transaction may already be published; Delete skips those.
-		drop := []uint64{g.summarySeq}
-		if g.count == e.threshold+1 {
+		// transaction may already be published: those stay counted.
+		var drop []uint64
+		switch {
+		case g.count == e.threshold+1:
 			drop = g.seqs
 			g.seqs = nil
 			e.txc.summaries++
+		case g.summarySeq == 0: // a new part
+			e.txc.summaries++
+		default:
+			drop = []uint64{g.summarySeq}
+		}
+		drop = slices.DeleteFunc(drop, func(seq uint64) bool { return !outbox.Has(tx, seq) })
+		if g.count == e.threshold+1 {
 			e.txc.folded += uint64(len(drop))
 		}
 		if err := outbox.Delete(tx, drop...); err != nil {
@@ -660,8 +675,12 @@ func (e *Engine) localAlert(tx *bolt.Tx, k skey, r *rule, m *AlertMessage, at in
 		e.txc.folded++ // this transition's own message
 		sm := SummaryMessage{
 			Type: TypeSummary, Gateway: e.cfg.Gateway, Rule: r.name, Metric: r.metric, Severity: r.severity,
-			EmittedAt: at, Transitions: g.count, Fired: g.fired, Cleared: g.cleared,
+			EmittedAt: at, Transitions: g.fired + g.cleared, Fired: g.fired, Cleared: g.cleared,
 			Devices: g.devices, Key: fmt.Sprintf("%s/%s/%s/%d", e.cfg.Gateway, r.name, summaryDevice, at),
+		}
+		if g.part > 0 {
+			sm.Part = g.part + 1
+			sm.Key += fmt.Sprintf("/%d", sm.Part)
 		}
 		payload, err := marshal(&sm)
 		if err != nil {

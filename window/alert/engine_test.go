@@ -10,6 +10,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/edgeagent/edgeagent/buffer/outbox"
 	"github.com/edgeagent/edgeagent/config"
 	"github.com/edgeagent/edgeagent/uplink/wire"
 )
@@ -208,6 +209,41 @@ func TestStormSummary(t *testing.T) {
 		ls := locals(t, db)
 		if len(ls) != 1 || ls[0].JSON["transitions"] != 25.0 {
 			t.Fatalf("local rows after the storm: %d, want one summary of 25", len(ls))
+		}
+	})
+
+	// The publisher may send the first transaction's summary before the
+	// storm goes on: the next summary is a new part with its own key and
+	// only the transitions after it, never the old key with new contents.
+	t.Run("split after the summary went out", func(t *testing.T) {
+		db := openDB(t, "")
+		e := newEngine(t, db, cfg)
+		cs := storm("press", 40, 0, 90)
+		emit(t, db, e, cs[:25]...)
+		first := locals(t, db)
+		if len(first) != 1 || first[0].JSON["transitions"] != 25.0 || first[0].JSON["part"] != nil {
+			t.Fatalf("local rows after the first part: %v", first)
+		}
+		publish := func() {
+			t.Helper()
+			if err := db.Update(func(tx *bolt.Tx) error { return outbox.Delete(tx, first[0].Seq) }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		publish()
+		emit(t, db, e, cs[25:32]...)
+		emit(t, db, e, cs[32:]...) // the second part's summary is rewritten, not yet sent
+		ls := locals(t, db)
+		if len(ls) != 1 {
+			t.Fatalf("%d local rows after the storm, want the second summary", len(ls))
+		}
+		j := ls[0].JSON
+		wantKey := first[0].JSON["key"].(string) + "/2"
+		if j["key"] != wantKey || j["part"] != 2.0 || j["transitions"] != 15.0 || j["fired"] != 15.0 || len(j["devices"].([]any)) != 15 || j["devices"].([]any)[0] != "press-25" {
+			t.Fatalf("second summary %v, want key %s, part 2, the 15 transitions after the first", j, wantKey)
+		}
+		if st := e.Stats(); st.Summaries != 2 || st.LocalMessages != 2 || st.LocalFolded != 40 {
+			t.Fatalf("stats %+v, want 2 summaries queued, all 40 transitions folded into them", st)
 		}
 	})
 
@@ -488,10 +524,12 @@ func TestStateEncoding(t *testing.T) {
 	if err != nil || *got != *s {
 		t.Fatalf("state round trip: %+v, %v", got, err)
 	}
-	g := &group{at: 5, count: 3, fired: 2, cleared: 1, seqs: []uint64{1, 9}, summarySeq: 4, devices: []string{"a", ""}}
-	g2, err := decodeGroup(encodeGroup(g))
-	if err != nil || fmt.Sprint(*g2) != fmt.Sprint(*g) {
-		t.Fatalf("group round trip: %+v, %v", g2, err)
+	for _, part := range []uint32{0, 3} {
+		g := &group{at: 5, count: 3, fired: 2, cleared: 1, seqs: []uint64{1, 9}, summarySeq: 4, devices: []string{"a", ""}, part: part}
+		g2, err := decodeGroup(encodeGroup(g))
+		if err != nil || fmt.Sprint(*g2) != fmt.Sprint(*g) {
+			t.Fatalf("group round trip: %+v, %v", g2, err)
+		}
 	}
 	for _, b := range [][]byte{nil, {9}, encodeState(s)[:5], append(encodeState(s), 0)} {
 		if _, err := decodeState(b); !errors.Is(err, ErrCorruptState) {

@@ -66,8 +66,13 @@ type SummaryMessage struct {
 	// Devices lists the devices of the first transitions (at most 100),
 	// in emission order.
 	Devices []string `json:"devices"`
-	// Key identifies the storm: gateway/rule/_summary/emitted_at.
+	// Key identifies the storm: gateway/rule/_summary/emitted_at, with
+	// /Part appended from part 2 on.
 	Key string `json:"key"`
+	// Part numbers the summaries of one storm that spans micro-batches
+	// (from 2; absent for the first): once a summary went out, the next
+	// counts only the transitions after it, under its own key.
+	Part uint32 `json:"part,omitempty"`
 }
 
 // AggregateMessage is the JSON payload of a republished aggregate, on

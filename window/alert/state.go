@@ -126,6 +126,9 @@ type group struct {
 	seqs       []uint64
 	summarySeq uint64
 	devices    []string
+	// part is the summary's part, 0 for the first (see SummaryMessage);
+	// fired, cleared and devices count the current part only.
+	part uint32
 }
 
 func encodeGroup(g *group) []byte {
@@ -142,6 +145,10 @@ func encodeGroup(g *group) []byte {
 	b = binary.AppendUvarint(b, uint64(len(g.devices)))
 	for _, d := range g.devices {
 		b = appendString(b, d)
+	}
+	if g.part > 0 {
+		// Last and optional, so rows written before parts existed decode.
+		b = binary.AppendUvarint(b, uint64(g.part))
 	}
 	return b
 }
@@ -161,6 +168,9 @@ func decodeGroup(b []byte) (*group, error) {
 	n = d.uvarint()
 	for i := uint64(0); i < n && d.err == nil; i++ {
 		g.devices = append(g.devices, d.string())
+	}
+	if len(d.b) > 0 {
+		g.part = d.uvarint32()
 	}
 	if d.err != nil || len(d.b) != 0 {
 		return nil, fmt.Errorf("%w: storm row", ErrCorruptState)
