@@ -103,10 +103,19 @@ func value(a *wire.Aggregate, c config.Condition) (float64, bool) {
 	case "last":
 		p = a.Last
 	}
+	// NaN compares false with everything. An infinity (a sum or mean past
+	// float64's range, from readings that large) compares as one: such
+	// readings are above any threshold.
 	if p == nil || math.IsNaN(*p) {
 		return 0, false
 	}
 	return *p, true
+}
+
+// holds reports whether c holds for window a.
+func holds(a *wire.Aggregate, c config.Condition) bool {
+	v, ok := value(a, c)
+	return ok && c.Holds(v)
 }
 
 // compile validates cfg (after defaults) and compiles its rules.

@@ -491,6 +491,7 @@ func (e *Engine) evaluate(tx *bolt.Tx, ri int, a *wire.Aggregate, at int64) erro
 	want, streak := s.want, s.streak
 	if revision {
 		want, streak = s.baseWant, s.baseStreak
+		s.value = s.baseValue
 	}
 	cond := r.when
 	if want {
@@ -505,7 +506,7 @@ func (e *Engine) evaluate(tx *bolt.Tx, ri int, a *wire.Aggregate, at int64) erro
 	}
 	prev := s.want
 	if !revision {
-		s.baseWant, s.baseStreak = s.want, s.streak
+		s.baseWant, s.baseStreak, s.baseValue = s.want, s.streak, s.value
 		s.lastStart, s.evaluated = a.Start, true
 	}
 	s.lastEnd, s.lastAt = a.End, e.clock
@@ -519,17 +520,23 @@ func (e *Engine) evaluate(tx *bolt.Tx, ri int, a *wire.Aggregate, at int64) erro
 		}
 	case !want:
 		streak = 0
-	case r.clear.Holds(v):
+	case r.clear.Holds(v) && !holds(a, r.when):
+		// A clear_when on another aggregate than when's can hold in the
+		// same window (max > 95 and mean < 70): the alert stays firing
+		// while when holds, instead of clearing and firing again.
 		want = false
 	}
 	s.want, s.streak = want, streak
-	s.value = math.NaN()
+	// The value reported with want's transition: this window's, when it
+	// meets want's condition; else that of the last window that did (a
+	// held-back transition sent with a window inside the hysteresis band
+	// reports the value that made it, not one that contradicts it).
 	tcond := r.clear
-	if s.want {
+	if want {
 		tcond = r.when
 	}
-	if tv, ok := value(a, tcond); ok {
-		s.value = tv
+	if holds(a, tcond) {
+		s.value, _ = value(a, tcond)
 	}
 	changed := s.want != prev
 	switch {

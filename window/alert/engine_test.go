@@ -148,6 +148,56 @@ func TestFlappingRateLimit(t *testing.T) {
 	}
 }
 
+// A transition held back by min_interval and sent with a later window
+// whose value sits in the hysteresis band reports the value that made it,
+// one that meets the condition it names.
+func TestHeldBackTransitionReportsAValueMeetingItsCondition(t *testing.T) {
+	db := openDB(t, "")
+	r := overheating() // mean > 80, clear mean < 75
+	r.For, r.MinInterval = 1, config.Duration(3*time.Minute)
+	e := newEngine(t, db, testConfig(r))
+	var calls []call
+	for i, v := range []float64{85, 70, 77, 77, 77, 77} {
+		calls = append(calls, win("press-1", "temperature", i, v, 1))
+	}
+	emit(t, db, e, calls...)
+	got := transitions(t, alerts(t, db), "overheating")
+	want := strs(
+		transition{"press-1", 0, StateFired, 85, 0},
+		transition{"press-1", 2, StateCleared, 70, 0}, // sent with window 2 (77), made by window 1 (70)
+	)
+	if !slices.Equal(got, want) {
+		t.Fatalf("transitions\n got %v\nwant %v", got, want)
+	}
+	ls := locals(t, db)
+	if len(ls) != 2 || ls[1].JSON["value"] != 70.0 || ls[1].JSON["condition"] != "mean < 75" {
+		t.Fatalf("local messages %v, want the clear with value 70 and its condition", ls)
+	}
+}
+
+// A clear_when on another aggregate than when's can hold in the same
+// window as when: the alert stays firing there instead of clearing and
+// firing again every window.
+func TestClearOnAnotherAggregateWhileWhenHolds(t *testing.T) {
+	db := openDB(t, "")
+	r := overheating()
+	r.For, r.When, r.ClearWhen = 1, "max > 95", "mean < 99"
+	e := newEngine(t, db, testConfig(r))
+	var calls []call
+	for i, v := range []float64{96, 96, 96, 50} {
+		calls = append(calls, win("press-1", "temperature", i, v, 1))
+	}
+	emit(t, db, e, calls...)
+	got := transitions(t, alerts(t, db), "overheating")
+	want := strs(
+		transition{"press-1", 0, StateFired, 96, 0},
+		transition{"press-1", 3, StateCleared, 50, 0},
+	)
+	if !slices.Equal(got, want) {
+		t.Fatalf("transitions\n got %v\nwant %v", got, want)
+	}
+}
+
 // TestStormSummary fires 30 devices at one emission point: 30 uplink
 // alerts, one local summary. Below the threshold, messages stay individual;
 // retained rules are never folded; a storm split over two transactions
@@ -520,9 +570,16 @@ func TestConfigErrors(t *testing.T) {
 func TestStateEncoding(t *testing.T) {
 	s := &state{evaluated: true, lastStart: -5, lastEnd: 1 << 40, lastAt: 7, streak: 3, baseStreak: 2,
 		want: true, firing: true, baseWant: false, value: math.Inf(-1), hasTrans: true, transAt: 9, transStart: -1, suppressed: 4}
+	s.baseValue = 3
 	got, err := decodeState(encodeState(s))
 	if err != nil || *got != *s {
 		t.Fatalf("state round trip: %+v, %v", got, err)
+	}
+	// A row written before baseValue existed: baseValue is value.
+	old := encodeState(s)
+	got, err = decodeState(old[:len(old)-8])
+	if err != nil || got.baseValue != s.value {
+		t.Fatalf("state row without baseValue: %+v, %v", got, err)
 	}
 	for _, part := range []uint32{0, 3} {
 		g := &group{at: 5, count: 3, fired: 2, cleared: 1, seqs: []uint64{1, 9}, summarySeq: 4, devices: []string{"a", ""}, part: part}

@@ -41,9 +41,12 @@ type state struct {
 	// revision of it can be evaluated again.
 	streak, baseStreak uint32
 	want, baseWant     bool
-	// value is the latest window's value of the aggregate compared by the
-	// condition of want's transition (NaN when the window lacks it).
-	value float64
+	// value is the aggregate want's condition compares, in the latest
+	// window where that condition held (NaN before any did); baseValue is
+	// value before the latest window, for a revision. A transition sent
+	// later, with another window, so reports a value that meets its
+	// condition.
+	value, baseValue float64
 	// firing is the last state sent out (what subscribers believe).
 	firing bool
 	// hasTrans: a transition was sent, at logged time transAt, keyed with
@@ -93,7 +96,9 @@ func encodeState(s *state) []byte {
 	b = binary.BigEndian.AppendUint64(b, math.Float64bits(s.value))
 	b = binary.AppendVarint(b, s.transAt)
 	b = binary.AppendVarint(b, s.transStart)
-	return binary.AppendUvarint(b, uint64(s.suppressed))
+	b = binary.AppendUvarint(b, uint64(s.suppressed))
+	// Last, so rows written before it existed decode (baseValue = value).
+	return binary.BigEndian.AppendUint64(b, math.Float64bits(s.baseValue))
 }
 
 func decodeState(b []byte) (*state, error) {
@@ -111,6 +116,10 @@ func decodeState(b []byte) (*state, error) {
 	s.value = math.Float64frombits(d.u64())
 	s.transAt, s.transStart = d.varint(), d.varint()
 	s.suppressed = d.uvarint32()
+	s.baseValue = s.value
+	if len(d.b) > 0 {
+		s.baseValue = math.Float64frombits(d.u64())
+	}
 	if d.err != nil || len(d.b) != 0 {
 		return nil, fmt.Errorf("%w: state row", ErrCorruptState)
 	}
