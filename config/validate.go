@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"path"
@@ -617,6 +618,40 @@ func (v *validator) publishTopic(key, s string, allowed ...string) (string, bool
 	return "", false
 }
 
+// topicExpansions expands the placeholders of s named in allowed in every
+// combination of their sample and the literal levels of the
+// subscriptions' topics ({gateway_id} takes its one value).
+func (v *validator) topicExpansions(s string, allowed []string) []string {
+	samples := v.placeholderSamples()
+	var literals []string
+	for _, sub := range v.c.MQTT.Subscriptions {
+		for _, level := range strings.Split(sub.Topic, "/") {
+			if level != "" && !strings.ContainsAny(level, "{}+#") && !slices.Contains(literals, level) {
+				literals = append(literals, level)
+			}
+		}
+	}
+	out := []string{s}
+	for _, name := range allowed {
+		ph := "{" + name + "}"
+		if !strings.Contains(s, ph) {
+			continue
+		}
+		values := []string{samples[name]}
+		if name != "gateway_id" {
+			values = append(values, literals...)
+		}
+		next := make([]string, 0, len(out)*len(values))
+		for _, o := range out {
+			for _, val := range values {
+				next = append(next, strings.ReplaceAll(o, ph, val))
+			}
+		}
+		out = next
+	}
+	return out
+}
+
 func (v *validator) alerts() {
 	c := v.c
 	names := make(map[string]int)
@@ -687,7 +722,27 @@ func (v *validator) condition(key, s string) (Condition, bool) {
 		v.add(key, "%q uses %s, which is not in window.aggregates", s, cond.Aggregate)
 		return cond, false
 	}
+	if cond.Aggregate == "count" && !countCanHold(cond) && v.c.written(key) {
+		// A rule that can never fire, or an alert that can never clear.
+		// (A default clear_when, "count <= 0" for "count > 0", is a rule
+		// that fires once and stays firing, as written.)
+		v.add(key, "%q never holds: count is a whole number of readings, at least 1 in every window evaluated", s)
+		return cond, false
+	}
 	return cond, true
+}
+
+// countCanHold reports whether c holds for some count of an emitted
+// window: a whole number from 1. One-sided comparisons hold, if at all, at
+// 1, next to the threshold, or far above it.
+func countCanHold(c Condition) bool {
+	f := math.Floor(c.Value)
+	for _, n := range []float64{1, f - 1, f, f + 1, f + 2, 1 << 53} {
+		if n >= 1 && c.Holds(n) {
+			return true
+		}
+	}
+	return false
 }
 
 func (v *validator) localPublish() {
@@ -698,17 +753,21 @@ func (v *validator) localPublish() {
 		if s == "" {
 			return
 		}
-		exp, ok := v.publishTopic(key, s, allowed...)
-		if !ok {
+		if _, ok := v.publishTopic(key, s, allowed...); !ok {
 			return
 		}
 		// Local messages go to the device-side broker: one the agent also
-		// subscribes to would be ingested as a reading, forever.
-		for i, sub := range c.MQTT.Subscriptions {
-			if t, err := topic.Parse(sub.Topic); err == nil {
-				if _, _, match := t.Match(exp); match {
-					v.add(key, "%q matches mqtt.subscriptions[%d].topic %q: the agent would ingest its own messages", s, i, sub.Topic)
-					return
+		// subscribes to would be ingested as a reading, forever. Each
+		// placeholder is tried with a sample and with every literal level
+		// of the subscriptions, so that dev/{device}/{metric} is caught
+		// against dev/{device}/telemetry (a metric named telemetry).
+		for _, exp := range v.topicExpansions(s, allowed) {
+			for i, sub := range c.MQTT.Subscriptions {
+				if t, err := topic.Parse(sub.Topic); err == nil {
+					if _, _, match := t.Match(exp); match {
+						v.add(key, "%q matches mqtt.subscriptions[%d].topic %q (as %q): the agent would ingest its own messages", s, i, sub.Topic, exp)
+						return
+					}
 				}
 			}
 		}
