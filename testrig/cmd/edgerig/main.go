@@ -10,8 +10,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -149,6 +152,10 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "edgerig run: --broker %q: want mochi or mosquitto\n", *broker)
 		return exitUsage
 	}
+	if err := checkFlags(checkURL("mqtt", *mqtt, mqttSchemes...), checkURL("nats", *nats, "nats")); err != nil {
+		fmt.Fprintf(stderr, "edgerig run: %v\n", err)
+		return exitUsage
+	}
 	sc, err := scenario.Lookup(pos[0])
 	if err != nil {
 		fmt.Fprintf(stderr, "edgerig run: %v\n", err)
@@ -219,6 +226,10 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "edgerig demo: unexpected argument %q\n", pos[0])
 		return exitUsage
 	}
+	if err := checkFlags(checkMin("duration", *duration, 0, "0 (run until Ctrl-C) or more"), checkMin("devices", *devices, 1, "at least 1")); err != nil {
+		fmt.Fprintf(stderr, "edgerig demo: %v\n", err)
+		return exitUsage
+	}
 	rep, err := rig.Demo(ctx, rig.DemoOptions{Agent: *agent, Duration: *duration, Devices: *devices, Dir: *dir, Out: stdout})
 	if err != nil {
 		fmt.Fprintf(stderr, "edgerig demo: %v\n", err)
@@ -253,6 +264,12 @@ func cmdLoad(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "edgerig load: --embedded and --mqtt exclude each other (the devices publish either to the agent or to the external broker)")
 		return exitUsage
 	}
+	if err := checkFlags(checkMin("devices", *devices, 1, "at least 1"), checkMin("duration", *duration, time.Nanosecond, "more than 0"),
+		checkMin("connections", *conns, 1, "at least 1"), checkMin("reading-interval", *interval, time.Nanosecond, "more than 0"),
+		checkURL("mqtt", *mqtt, mqttSchemes...)); err != nil {
+		fmt.Fprintf(stderr, "edgerig load: %v\n", err)
+		return exitUsage
+	}
 	lr, err := rig.Load(ctx, rig.LoadOptions{Agent: *agent, Devices: *devices, Duration: *duration, Connections: *conns,
 		ReadingInterval: *interval, MQTT: *mqtt, Embedded: *embedded, Dir: *dir, Progress: stderr})
 	if err != nil {
@@ -277,4 +294,37 @@ func cmdLoad(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitFail
 	}
 	return exitOK
+}
+
+// mqttSchemes are the broker URL schemes both paho (the simulated devices)
+// and the agent's config accept.
+var mqttSchemes = []string{"tcp", "mqtt", "ssl", "tls", "mqtts", "ws", "wss"}
+
+// checkFlags joins the failed checks, one line each. Flag values are checked
+// before anything starts, so a bad value is a usage error (exit 2) naming
+// the flag, not a failed run (exit 3) naming some field inside the rig.
+func checkFlags(errs ...error) error {
+	return errors.Join(errs...)
+}
+
+// checkMin checks a numeric flag against its least allowed value.
+func checkMin[T int | time.Duration](name string, v, least T, want string) error {
+	if v < least {
+		return fmt.Errorf("--%s %v: want %s", name, v, want)
+	}
+	return nil
+}
+
+// checkURL checks that a server flag, when given, is scheme://host:port
+// with one of schemes: a bare host or host:port would otherwise fail
+// only once servers are starting, with the library's words for it.
+func checkURL(name, v string, schemes ...string) error {
+	if v == "" {
+		return nil
+	}
+	u, err := url.Parse(v)
+	if err != nil || !slices.Contains(schemes, u.Scheme) || u.Hostname() == "" || u.Port() == "" {
+		return fmt.Errorf("--%s %q: want %s://host:port", name, v, strings.Join(schemes, "|"))
+	}
+	return nil
 }

@@ -27,6 +27,16 @@ func TestUsageAndScenarios(t *testing.T) {
 		{[]string{"run", "--agent", "/nonexistent/edgeagent", "--quiet", "steady"}, exitError, "agent binary not found"},
 		{[]string{"demo", "extra"}, exitUsage, "unexpected argument"},
 		{[]string{"load", "--embedded", "--mqtt", "tcp://127.0.0.1:1"}, exitUsage, "exclude each other"},
+		// Bad flag values are usage errors naming the flag, found before
+		// anything starts (the agent path does not even exist here).
+		{[]string{"demo", "--agent", "/nonexistent", "--duration", "-5s"}, exitUsage, "--duration -5s: want 0"},
+		{[]string{"demo", "--agent", "/nonexistent", "--devices", "-3"}, exitUsage, "--devices -3: want at least 1"},
+		{[]string{"run", "--agent", "/nonexistent", "--nats", "localhost", "steady"}, exitUsage, `--nats "localhost": want nats://host:port`},
+		{[]string{"run", "--agent", "/nonexistent", "--mqtt", "127.0.0.1:59173", "steady"}, exitUsage, `--mqtt "127.0.0.1:59173": want tcp|`},
+		{[]string{"run", "--agent", "/nonexistent", "--mqtt", "tcp://127.0.0.1", "steady"}, exitUsage, "host:port"},
+		{[]string{"load", "--agent", "/nonexistent", "--devices", "0"}, exitUsage, "--devices 0"},
+		{[]string{"load", "--agent", "/nonexistent", "--duration", "0s", "--connections", "0"}, exitUsage, "--connections 0"},
+		{[]string{"load", "--agent", "/nonexistent", "--mqtt", "localhost:1883"}, exitUsage, "--mqtt"},
 	}
 	for _, c := range cases {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
