@@ -17,6 +17,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/edgeagent/edgeagent/testrig/procattr"
 )
 
 // ErrNotRunning is returned when the agent is not running.
@@ -74,9 +76,9 @@ func (p *Process) Start() error {
 	}
 	cmd := exec.Command(p.bin, "run", "-c", p.config)
 	cmd.Stdout, cmd.Stderr = f, f
-	// Its own process group: a Ctrl-C at the terminal reaches the rig,
-	// which stops the agent in order, not the agent directly.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Its own process group (a Ctrl-C reaches the rig, which stops the
+	// agent in order), and it dies with the rig.
+	cmd.SysProcAttr = procattr.Child()
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		return fmt.Errorf("agentproc: start %s: %w", p.bin, err)

@@ -1,10 +1,15 @@
 package agentproc
 
 import (
+	"bufio"
+	"errors"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -23,6 +28,8 @@ func TestMain(m *testing.M) {
 	case "exit":
 		fmt.Println("fake agent: cannot start")
 		os.Exit(3)
+	case "rig":
+		fakeRig()
 	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM)
@@ -32,6 +39,20 @@ func TestMain(m *testing.M) {
 	}
 	<-sig
 	fmt.Println("fake agent: stopped")
+	os.Exit(0)
+}
+
+// fakeRig plays the rig for TestChildDiesWithRig: it starts a fake agent,
+// prints its pid and waits to be killed.
+func fakeRig() {
+	os.Setenv(fakeEnv, "agent")
+	p := New(os.Args[0], "unused.yaml", os.Getenv(fakeEnv+"_LOG"))
+	if err := p.Start(); err != nil {
+		fmt.Println("fake rig:", err)
+		os.Exit(1)
+	}
+	fmt.Println(p.PID())
+	io.Copy(io.Discard, os.Stdin) // until the test kills us
 	os.Exit(0)
 }
 
@@ -123,4 +144,58 @@ func TestReadProc(t *testing.T) {
 	if cpu <= 0 || hwm < 1<<20 {
 		t.Fatalf("cpu %v s, VmHWM %d bytes: implausible for a running test", cpu, hwm)
 	}
+}
+
+// A rig killed with SIGKILL takes its agent with it (Pdeathsig): nothing
+// is left running to hold ports and data directories.
+func TestChildDiesWithRig(t *testing.T) {
+	rig := exec.Command(os.Args[0])
+	rig.Env = append(os.Environ(), fakeEnv+"=rig", fakeEnv+"_LOG="+filepath.Join(t.TempDir(), "agent.log"))
+	stdin, err := rig.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdin.Close()
+	out, err := rig.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rig.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		rig.Process.Kill()
+		t.Fatalf("fake rig printed no pid: %v", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil {
+		rig.Process.Kill()
+		t.Fatalf("fake rig: %q", line)
+	}
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	if !alive(pid) {
+		t.Fatalf("the agent %d is not running before the rig is killed", pid)
+	}
+	if err := rig.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	rig.Wait()
+	waitFor(t, 10*time.Second, fmt.Sprintf("the agent %d to die with the rig", pid), func() bool { return !alive(pid) })
+}
+
+// alive reports whether pid runs: a zombie (dead, not yet reaped by
+// whoever inherited it) does not.
+func alive(pid int) bool {
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the parenthesised command name.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }

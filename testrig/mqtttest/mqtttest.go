@@ -20,6 +20,8 @@ import (
 	mochi "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
 	"github.com/mochi-mqtt/server/v2/listeners"
+
+	"github.com/edgeagent/edgeagent/testrig/procattr"
 )
 
 // FreePort returns a free TCP port on 127.0.0.1.
@@ -124,6 +126,8 @@ func (m *Mosquitto) Start() {
 	}
 	cmd := exec.Command(m.bin, "-c", filepath.Join(m.dir, "mosquitto.conf"))
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+	// A test binary killed by its timeout leaves no broker behind.
+	cmd.SysProcAttr = procattr.Child()
 	if err := cmd.Start(); err != nil {
 		m.t.Fatalf("mqtttest: start mosquitto: %v", err)
 	}

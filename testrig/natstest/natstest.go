@@ -20,6 +20,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/edgeagent/edgeagent/testrig/procattr"
 )
 
 // startTimeout bounds a server start.
@@ -158,6 +160,8 @@ func (s *Server) Start() {
 		return
 	}
 	cmd := exec.Command(s.bin, "-c", filepath.Join(s.dir, "nats-server.conf"))
+	// A test binary killed by its timeout leaves no server behind.
+	cmd.SysProcAttr = procattr.Child()
 	if err := cmd.Start(); err != nil {
 		s.t.Fatalf("natstest: start %s: %v", s.bin, err)
 	}

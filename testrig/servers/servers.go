@@ -27,6 +27,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/edgeagent/edgeagent/testrig/procattr"
 )
 
 // ErrNotInstalled is returned when a server binary is not on this machine.
@@ -338,6 +340,8 @@ func (m *Mosquitto) Start() error {
 	}
 	cmd := exec.Command(m.bin, "-c", filepath.Join(m.dir, "mosquitto.conf"))
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+	// The rig stops it in order on Ctrl-C, and it dies with the rig.
+	cmd.SysProcAttr = procattr.Child()
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("servers: start mosquitto: %w", err)
 	}
