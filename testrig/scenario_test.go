@@ -65,4 +65,7 @@ func TestDemo(t *testing.T) {
 	if !bytes.Contains(out.Bytes(), []byte("link cut")) {
 		t.Fatal("the live view never showed the link outage")
 	}
+	if rep.RunDir != "" {
+		t.Errorf("run_dir %q names the temporary directory a pass removed", rep.RunDir)
+	}
 }

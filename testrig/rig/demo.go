@@ -214,6 +214,7 @@ loop:
 	e.close()
 	if rep.OK() && temp {
 		os.RemoveAll(dir)
+		rep.RunDir = "" // it no longer exists: naming it would send a reader looking
 	}
 	fmt.Fprintln(o.Out)
 	return rep, nil

@@ -26,9 +26,11 @@ type Report struct {
 	// Failures says, one line each, why the verdict is FAIL.
 	Failures []string `json:"failures,omitempty"`
 	// Notes are things worth knowing that are not failures.
-	Notes  []string `json:"notes,omitempty"`
-	RunDir string   `json:"run_dir"`
-	Broker string   `json:"broker"`
+	Notes []string `json:"notes,omitempty"`
+	// RunDir is the run directory, "" when it was a temporary one
+	// removed after a pass.
+	RunDir string `json:"run_dir"`
+	Broker string `json:"broker"`
 
 	PublishSeconds float64 `json:"publish_s"`
 	SettleSeconds  float64 `json:"settle_s"`
@@ -159,8 +161,8 @@ func (r *Report) WriteTable(w io.Writer) {
 				p.Expected, p.Correct, p.Wrong, p.Missing, p.Extra, p.Mode)
 		}
 		d := res.Delivery
-		fmt.Fprintf(w, "  delivery   %s messages, %s, %s aggregates; before upsert %d duplicate aggregates, %d duplicate batches\n",
-			num(int(d.Messages)), bytesStr(int64(d.Bytes)), num(int(d.Aggregates)), d.DuplicateAggregates, d.DuplicateBatches)
+		fmt.Fprintf(w, "  delivery   %s messages, %s, %s aggregates; before upsert %d duplicate aggregates, %d duplicate batches, %d key conflicts\n",
+			num(int(d.Messages)), bytesStr(int64(d.Bytes)), num(int(d.Aggregates)), d.DuplicateAggregates, d.DuplicateBatches, d.KeyConflicts)
 		if l := res.Latency; l.Windows > 0 {
 			fmt.Fprintf(w, "  latency    publish→window p50 %s  p99 %s  max %s over %s windows\n",
 				ms(l.P50Ms), ms(l.P99Ms), ms(l.MaxMs), num(l.Windows))

@@ -71,6 +71,7 @@ func TestReportTableAndJSON(t *testing.T) {
 		Plan:     PlanSummary{Devices: 2, Messages: 12345},
 		Result: &verify.Result{Windows: verify.WindowCounts{Expected: 10, Received: 10, Correct: 9, Wrong: 1, Revised: 4, RevisionsExpected: 2},
 			PTime:    verify.SeriesCounts{Mode: "exact", Expected: 2, Correct: 2},
+			Delivery: verify.Delivery{KeyConflicts: 2},
 			Problems: []string{"wrong a/t@x: count 1, want 2"}},
 		Counters: Counters{Source: "status.json", Mode: "exact", Late: Counter{Expected: 3, Observed: &obs}},
 		Faults:   []FaultEvent{{Kind: "disk_full", AtSeconds: 1, Skipped: "cannot mount"}},
@@ -80,7 +81,7 @@ func TestReportTableAndJSON(t *testing.T) {
 	out := b.String()
 	for _, want := range []string{"edgerig run steady (short): FAIL", "12,345 messages", "wrong 1", "late 3/3",
 		"revised 4: sent again with a new value; at least 2 expected", "ptime      series expected 2  correct 2", "as totals, exact",
-		"skipped    disk_full: cannot mount", "FAILURE    windows: 1 wrong", "wrong a/t@x"} {
+		"skipped    disk_full: cannot mount", "FAILURE    windows: 1 wrong", "wrong a/t@x", "2 key conflicts"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}

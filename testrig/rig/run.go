@@ -91,6 +91,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	e.close()
 	if rep.OK() && temp && !o.Keep {
 		os.RemoveAll(dir)
+		rep.RunDir = "" // it no longer exists: naming it would send a reader looking
 	}
 	return rep, nil
 }
@@ -295,6 +296,9 @@ func finish(rep *Report, e *env, exp *truth.Expected, st *agentproc.Status, atLe
 		w, p := r.Windows, r.PTime
 		rep.Failures = append(rep.Failures, fmt.Sprintf("windows: %d wrong, %d missing, %d extra; ptime series: %d wrong, %d missing, %d extra; %d undecodable batches",
 			w.Wrong, w.Missing, w.Extra, p.Wrong, p.Missing, p.Extra, r.Delivery.DecodeErrors))
+		if n := r.Delivery.KeyConflicts; n > 0 {
+			rep.Failures = append(rep.Failures, fmt.Sprintf("%d aggregates reused an idempotency key with other contents: a receiver that upserts on the key keeps whichever copy it saw first", n))
+		}
 	}
 	slices.Sort(rep.Failures)
 	rep.Failures = slices.Compact(rep.Failures)

@@ -71,7 +71,10 @@ type Delivery struct {
 	Aggregates          uint64 `json:"aggregates"`
 	DuplicateAggregates uint64 `json:"duplicate_aggregates"`
 	DuplicateBatches    uint64 `json:"duplicate_batches"`
-	DecodeErrors        uint64 `json:"decode_errors"`
+	// KeyConflicts counts aggregates that reused an idempotency key with
+	// other contents: a failure (see Progress.KeyConflicts).
+	KeyConflicts uint64 `json:"key_conflicts"`
+	DecodeErrors uint64 `json:"decode_errors"`
 }
 
 // Latency is from a reading's publish to the arrival of the window
@@ -88,7 +91,7 @@ type Latency struct {
 func (r *Result) OK() bool {
 	w, p := r.Windows, r.PTime
 	return w.Wrong == 0 && w.Missing == 0 && w.Extra == 0 &&
-		p.Wrong == 0 && p.Missing == 0 && p.Extra == 0 && r.Delivery.DecodeErrors == 0
+		p.Wrong == 0 && p.Missing == 0 && p.Extra == 0 && r.Delivery.DecodeErrors == 0 && r.Delivery.KeyConflicts == 0
 }
 
 // Complete reports whether every expected window and series has arrived
@@ -110,10 +113,12 @@ func (v *Verifier) Compare(exp *truth.Expected, o CompareOptions) *Result {
 	res := &Result{}
 	p := v.progress
 	res.Delivery = Delivery{Messages: p.Messages, Bytes: p.Bytes, Aggregates: p.Aggregates,
-		DuplicateAggregates: p.DuplicateAggregates, DuplicateBatches: p.DuplicateBatches, DecodeErrors: p.DecodeErrors}
+		DuplicateAggregates: p.DuplicateAggregates, DuplicateBatches: p.DuplicateBatches, DecodeErrors: p.DecodeErrors,
+		KeyConflicts: p.KeyConflicts}
 	if p.DecodeErrors > 0 {
 		res.Problems = append(res.Problems, "undecodable batches, last: "+v.lastErr)
 	}
+	res.Problems = append(res.Problems, v.conflicts...)
 	var wrong, missing, extra []string
 	note := func(list *[]string, format string, a ...any) {
 		if len(*list) < o.MaxExamples {

@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"strings"
 	"sync"
 	"time"
 
@@ -63,12 +65,17 @@ type Progress struct {
 	// Revised counts windows whose highest revision is above 1.
 	Revised int
 	// DuplicateAggregates counts aggregates whose idempotency key had
-	// arrived before (a resend JetStream did not deduplicate), and
-	// DuplicateBatches messages whose batch id had.
+	// arrived before with the same contents (a resend JetStream did not
+	// deduplicate), and DuplicateBatches messages whose batch id had.
 	DuplicateAggregates, DuplicateBatches uint64
-	DecodeErrors                          uint64
-	LastSeq                               uint64
-	LastArrival                           time.Time
+	// KeyConflicts counts aggregates whose idempotency key had arrived
+	// before with other contents. A key names one content for ever
+	// (DESIGN invariant 6): a receiver that upserts on it would keep
+	// whichever copy it saw first, so this is a failure, not a duplicate.
+	KeyConflicts uint64
+	DecodeErrors uint64
+	LastSeq      uint64
+	LastArrival  time.Time
 }
 
 // Verifier consumes the stream in the background from its first message.
@@ -80,12 +87,15 @@ type Verifier struct {
 	wg     sync.WaitGroup
 	once   sync.Once
 
-	mu       sync.Mutex
-	windows  map[WindowID]*received
-	keys     map[string]bool
-	batches  map[string]bool
-	progress Progress
-	lastErr  string
+	mu      sync.Mutex
+	windows map[WindowID]*received
+	// keys holds the first aggregate that arrived with each idempotency
+	// key, to tell a resend from a key reused with other contents.
+	keys      map[string]wire.Aggregate
+	conflicts []string // the first few key conflicts, described
+	batches   map[string]bool
+	progress  Progress
+	lastErr   string
 }
 
 // Start connects to NATS and starts consuming. The stream must exist.
@@ -112,7 +122,7 @@ func Start(ctx context.Context, cfg Config) (*Verifier, error) {
 	}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	v := &Verifier{cfg: cfg, nc: nc, js: js, cancel: cancel,
-		windows: map[WindowID]*received{}, keys: map[string]bool{}, batches: map[string]bool{}}
+		windows: map[WindowID]*received{}, keys: map[string]wire.Aggregate{}, batches: map[string]bool{}}
 	v.wg.Add(1)
 	go func() {
 		defer v.wg.Done()
@@ -214,10 +224,16 @@ func (v *Verifier) handle(msg jetstream.Msg) {
 	v.batches[b.Batch] = true
 	for _, a := range b.Aggregates {
 		v.progress.Aggregates++
-		if v.keys[a.Key] {
+		if first, seen := v.keys[a.Key]; !seen {
+			v.keys[a.Key] = a
+		} else if d := diffAggregate(&first, &a); d == "" {
 			v.progress.DuplicateAggregates++
+		} else {
+			v.progress.KeyConflicts++
+			if len(v.conflicts) < maxConflictExamples {
+				v.conflicts = append(v.conflicts, fmt.Sprintf("key %s arrived again with other contents (stream seq %d): %s", a.Key, seq, d))
+			}
 		}
-		v.keys[a.Key] = true
 		id := WindowID{b.Gateway, a.Device, a.Metric, a.Start}
 		r := v.windows[id]
 		if r == nil {
@@ -238,6 +254,52 @@ func (v *Verifier) handle(msg jetstream.Msg) {
 		r.revs = append(r.revs, arrival{agg: a, at: now})
 	}
 	v.progress.Windows = len(v.windows)
+}
+
+// maxConflictExamples bounds the key conflicts kept to describe.
+const maxConflictExamples = 10
+
+// diffAggregate describes how b differs from a, field by field, "" when
+// they carry the same contents. Floats compare by their bits: a resend is
+// the same bytes, so the same value, NaN included.
+func diffAggregate(a, b *wire.Aggregate) string {
+	var d []string
+	str := func(name, x, y string) {
+		if x != y {
+			d = append(d, fmt.Sprintf("%s %s, first %s", name, y, x))
+		}
+	}
+	str("device", a.Device, b.Device)
+	str("metric", a.Metric, b.Metric)
+	str("start", fmt.Sprint(a.Start), fmt.Sprint(b.Start))
+	str("end", fmt.Sprint(a.End), fmt.Sprint(b.End))
+	str("rev", fmt.Sprint(a.Rev), fmt.Sprint(b.Rev))
+	str("count", fmt.Sprint(a.Count), fmt.Sprint(b.Count))
+	str("ptime", fmt.Sprint(a.ProcTime), fmt.Sprint(b.ProcTime))
+	for _, f := range []struct {
+		name string
+		x, y *float64
+	}{{"sum", a.Sum, b.Sum}, {"min", a.Min, b.Min}, {"max", a.Max, b.Max},
+		{"mean", a.Mean, b.Mean}, {"first", a.First, b.First}, {"last", a.Last, b.Last}} {
+		if !sameFloat(f.x, f.y) {
+			str(f.name, fmtFloat(f.x), fmtFloat(f.y))
+		}
+	}
+	return strings.Join(d, ", ")
+}
+
+func sameFloat(x, y *float64) bool {
+	if x == nil || y == nil {
+		return x == y
+	}
+	return math.Float64bits(*x) == math.Float64bits(*y)
+}
+
+func fmtFloat(p *float64) string {
+	if p == nil {
+		return "absent"
+	}
+	return fmt.Sprint(*p)
 }
 
 // Progress reports what has arrived so far.

@@ -145,6 +145,30 @@ func TestCompare(t *testing.T) {
 	}
 }
 
+// TestKeyConflict: an idempotency key that arrives again with another
+// value is a failure with an example, not a harmless duplicate.
+func TestKeyConflict(t *testing.T) {
+	n := startNATS(t)
+	v := startVerifier(t, n.URL())
+	exp := &truth.Expected{Windows: map[truth.Key]*truth.Window{{Device: "a", Metric: "t", Start: 0}: window(1, 2)},
+		PTime: map[truth.SeriesKey]*truth.Series{}}
+	publish(t, n.URL(), "b1", agg("a", "t", 0, 1, 1, 2))
+	publish(t, n.URL(), "b1", agg("a", "t", 0, 1, 1, 2)) // a resend: harmless
+	publish(t, n.URL(), "b2", agg("a", "t", 0, 1, 1, 2, 3))
+	waitAggregates(t, v, 3)
+	r := v.Compare(exp, CompareOptions{Gateway: gw, Aggregates: all})
+	if r.Delivery.KeyConflicts != 1 || r.Delivery.DuplicateAggregates != 1 {
+		t.Fatalf("delivery %+v, want 1 key conflict and 1 duplicate aggregate", r.Delivery)
+	}
+	if r.OK() {
+		t.Fatal("a key carrying two contents must fail the comparison")
+	}
+	text := strings.Join(r.Problems, "\n")
+	if !strings.Contains(text, "key "+wire.AggregateKey(gw, "a", "t", 0, 1)+" arrived again with other contents") || !strings.Contains(text, "count 3, first 2") {
+		t.Fatalf("problems do not describe the conflict:\n%s", text)
+	}
+}
+
 // TestCompareTolerance: sums that differ in the last bits are equal, a
 // real difference is not.
 func TestCompareTolerance(t *testing.T) {
