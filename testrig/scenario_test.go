@@ -8,6 +8,7 @@ import (
 
 	"github.com/edgeagent/edgeagent/testrig/rig"
 	"github.com/edgeagent/edgeagent/testrig/scenario"
+	"github.com/edgeagent/edgeagent/testrig/servers"
 )
 
 // TestScenarios runs the short version of every stock scenario against the
@@ -67,5 +68,60 @@ func TestDemo(t *testing.T) {
 	}
 	if rep.RunDir != "" {
 		t.Errorf("run_dir %q names the temporary directory a pass removed", rep.RunDir)
+	}
+}
+
+// reuse is a small fleet for TestReuseDirAndStream: a few seconds, with
+// the same gateway, keys and stream on every run.
+const reuse = `
+name: reuse
+description: two runs in one directory against one NATS
+seed: 7
+duration: 3s
+speed: 120
+devices:
+  - {prefix: th, count: 4, format: json, interval: 10s, metrics: [temperature]}
+  - {prefix: nm, count: 1, format: number, interval: 20s, metrics: [level]}
+agent:
+  window: {size: 1m, watermark_delay: 10s, allowed_lateness: 10m, idle_timeout: 2s}
+`
+
+// TestReuseDirAndStream runs twice in one run directory against one
+// external NATS: the second run must not resume the first one's agent
+// data or see its aggregates, so both pass (they used to report every
+// window wrong and the counters off the second time).
+func TestReuseDirAndStream(t *testing.T) {
+	bin := agent(t)
+	sc, err := scenario.Parse("reuse", []byte(reuse))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := servers.StartNATS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	dir := t.TempDir()
+	for run := 1; run <= 2; run++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		var progress bytes.Buffer
+		rep, err := rig.Run(ctx, rig.Options{Agent: bin, Scenario: sc, Dir: dir, NATS: n.URL(), Progress: &progress})
+		cancel()
+		if err != nil {
+			t.Fatalf("run %d: %v\n%s", run, err, progress.String())
+		}
+		var b bytes.Buffer
+		rep.WriteTable(&b)
+		t.Logf("run %d:\n%s%s", run, progress.String(), b.String())
+		if !rep.OK() || rep.Result.Windows.Correct == 0 {
+			t.Fatalf("run %d: %s %v", run, rep.Verdict, rep.Failures)
+		}
+		if run == 2 {
+			for _, want := range []string{"removed the previous run's data", "the verifier reads only what comes after"} {
+				if !bytes.Contains(progress.Bytes(), []byte(want)) {
+					t.Errorf("run 2's progress does not say %q", want)
+				}
+			}
+		}
 	}
 }

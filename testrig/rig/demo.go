@@ -96,7 +96,7 @@ func Demo(ctx context.Context, o DemoOptions) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	e, err := newEnv(ctx, envConfig{dir: dir, agentBin: o.Agent, agent: sc.Agent, embedded: true})
+	e, err := newEnv(ctx, envConfig{dir: dir, agentBin: o.Agent, agent: sc.Agent, embedded: true, progress: o.Out})
 	if err != nil {
 		removeTemp(dir, temp)
 		return nil, err

@@ -8,9 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -90,6 +92,9 @@ func newEnv(ctx context.Context, cfg envConfig) (_ *env, err error) {
 			e.close()
 		}
 	}()
+	if err := e.clearPreviousRun(); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(e.dataDir, 0o750); err != nil {
 		return nil, fmt.Errorf("rig: create data dir: %w", err)
 	}
@@ -150,10 +155,20 @@ func newEnv(ctx context.Context, cfg envConfig) (_ *env, err error) {
 	if err := servers.CreateStream(sctx, e.natsURL, Stream, []string{Subject}); err != nil {
 		return nil, err
 	}
+	// An external stream keeps what earlier runs sent, with the same
+	// gateway and so the same idempotency keys: the verifier starts after
+	// it rather than purging a stream the rig does not own.
+	after, err := servers.StreamLastSeq(sctx, e.natsURL, Stream)
+	if err != nil {
+		return nil, err
+	}
+	if after > 0 {
+		e.logf("stream %s on %s already holds messages up to sequence %d (earlier runs'); the verifier reads only what comes after", Stream, e.natsURL, after)
+	}
 	if e.proxy, err = faultproxy.New(natsAddr); err != nil {
 		return nil, err
 	}
-	if e.verifier, err = verify.Start(ctx, verify.Config{URL: e.natsURL, Stream: Stream, Subject: Subject}); err != nil {
+	if e.verifier, err = verify.Start(ctx, verify.Config{URL: e.natsURL, Stream: Stream, Subject: Subject, AfterSeq: after}); err != nil {
 		return nil, err
 	}
 	if e.statusAddr, err = servers.FreeAddr(); err != nil {
@@ -170,6 +185,34 @@ func newEnv(ctx context.Context, cfg envConfig) (_ *env, err error) {
 	}
 	e.agent = agentproc.New(cfg.agentBin, e.configPath, filepath.Join(cfg.dir, "agent.log"))
 	return e, nil
+}
+
+// previousRun names what a run leaves in its directory. A run that reuses
+// the directory (--dir demo-data twice) removes them first: the agent would
+// resume from the old data_dir (its outbox, windows and counters), and
+// mosquitto and the in-process NATS from their stores, so the verifier
+// would see the earlier run's aggregates. Nothing else in the directory is
+// touched: --dir may name a directory that holds other things.
+var previousRun = []string{"data", "nats", "mosquitto", "agent.log", "agent.yaml"}
+
+// clearPreviousRun removes what an earlier run left in the run directory,
+// and says so.
+func (e *env) clearPreviousRun() error {
+	var removed []string
+	for _, name := range previousRun {
+		p := filepath.Join(e.cfg.dir, name)
+		if _, err := os.Lstat(p); errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err := os.RemoveAll(p); err != nil {
+			return fmt.Errorf("rig: remove the previous run's %s (a tmpfs still mounted there by a killed run? umount it): %w", name, err)
+		}
+		removed = append(removed, name)
+	}
+	if len(removed) > 0 {
+		e.logf("run directory %s was used before: removed the previous run's %s", e.cfg.dir, strings.Join(removed, ", "))
+	}
+	return nil
 }
 
 // mountTmpfs mounts a small tmpfs on data_dir so that disk_full can fill

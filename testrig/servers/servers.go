@@ -454,17 +454,46 @@ func (n *NATS) Stop() error {
 // Close stops the server. Safe to call twice.
 func (n *NATS) Close() error { return n.Stop() }
 
-// CreateStream creates (or keeps) a file-storage stream over subjects.
-func CreateStream(ctx context.Context, url, name string, subjects []string) error {
+// connectJS connects to the NATS server at url for one JetStream request.
+func connectJS(url string) (*nats.Conn, jetstream.JetStream, error) {
 	nc, err := nats.Connect(url, nats.Timeout(5*time.Second))
 	if err != nil {
-		return fmt.Errorf("servers: connect %s: %w", url, err)
+		return nil, nil, fmt.Errorf("servers: connect %s: %w", url, err)
 	}
-	defer nc.Close()
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return fmt.Errorf("servers: jetstream: %w", err)
+		nc.Close()
+		return nil, nil, fmt.Errorf("servers: jetstream: %w", err)
 	}
+	return nc, js, nil
+}
+
+// StreamLastSeq returns the last sequence of the stream name, 0 when it
+// is empty.
+func StreamLastSeq(ctx context.Context, url, name string) (uint64, error) {
+	nc, js, err := connectJS(url)
+	if err != nil {
+		return 0, err
+	}
+	defer nc.Close()
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		return 0, fmt.Errorf("servers: stream %s: %w", name, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("servers: stream %s info: %w", name, err)
+	}
+	return info.State.LastSeq, nil
+}
+
+// CreateStream creates (or keeps) a file-storage stream over subjects.
+func CreateStream(ctx context.Context, url, name string, subjects []string) error {
+	nc, js, err := connectJS(url)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
 	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: subjects, Storage: jetstream.FileStorage})
 	if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 		return fmt.Errorf("servers: create stream %s: %w", name, err)

@@ -30,6 +30,11 @@ type Config struct {
 	Stream  string
 	Subject string
 	Logger  *slog.Logger
+	// AfterSeq makes the verifier read only the messages after this
+	// stream sequence: a stream that outlives a run (an external NATS, a
+	// reused run directory) holds an earlier run's aggregates, under the
+	// same idempotency keys, which this run's truth knows nothing of.
+	AfterSeq uint64
 	// Clock stamps arrivals; defaults to time.Now.
 	Clock func() time.Time
 }
@@ -78,7 +83,8 @@ type Progress struct {
 	LastArrival  time.Time
 }
 
-// Verifier consumes the stream in the background from its first message.
+// Verifier consumes the stream in the background from its first message
+// (or from Config.AfterSeq).
 type Verifier struct {
 	cfg    Config
 	nc     *nats.Conn
@@ -123,6 +129,7 @@ func Start(ctx context.Context, cfg Config) (*Verifier, error) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	v := &Verifier{cfg: cfg, nc: nc, js: js, cancel: cancel,
 		windows: map[WindowID]*received{}, keys: map[string]wire.Aggregate{}, batches: map[string]bool{}}
+	v.progress.LastSeq = cfg.AfterSeq // consumeOnce starts after it
 	v.wg.Add(1)
 	go func() {
 		defer v.wg.Done()
