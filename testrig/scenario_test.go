@@ -3,6 +3,9 @@ package testrig_test
 import (
 	"bytes"
 	"context"
+	"errors"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -123,5 +126,81 @@ func TestReuseDirAndStream(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// trigger is a progress or view writer that calls a function once when a
+// line containing a given text has been written.
+type trigger struct {
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	when map[string]func()
+}
+
+func (w *trigger) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	for text, f := range w.when {
+		if strings.Contains(w.buf.String(), text) {
+			delete(w.when, text)
+			f()
+		}
+	}
+	return len(p), nil
+}
+
+func (w *trigger) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
+}
+
+// A run stopped (the first Ctrl-C) while publishing reports what had
+// arrived, marked interrupted, instead of a bare "context canceled".
+func TestRunStopped(t *testing.T) {
+	bin := agent(t)
+	sc, err := scenario.Parse("reuse", []byte(strings.Replace(reuse, "duration: 3s", "duration: 60s", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	progress := &trigger{when: map[string]func(){"agent up; publishing": func() { close(stop) }}}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := rig.Run(ctx, rig.Options{Agent: bin, Scenario: sc, Dir: t.TempDir(), Progress: progress, Stop: stop})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, progress)
+	}
+	var b bytes.Buffer
+	rep.WriteTable(&b)
+	t.Logf("\n%s%s", progress, b.String())
+	if !rep.Interrupted || rep.OK() || rep.PublishSeconds > 30 {
+		t.Fatalf("interrupted %v, verdict %s, %.1fs publishing: want an interrupted FAIL well before the 60s end", rep.Interrupted, rep.Verdict, rep.PublishSeconds)
+	}
+	if !strings.Contains(b.String(), "(interrupted: a partial report)") || !strings.Contains(b.String(), "interrupted") {
+		t.Fatalf("the table does not say the run was interrupted:\n%s", b.String())
+	}
+}
+
+// A demo stopped (the first Ctrl-C) goes on to the catch-up; a second
+// Ctrl-C (ctx ending) aborts it there at once.
+func TestDemoAbortedWhileSettling(t *testing.T) {
+	bin := agent(t)
+	ctx, abort := context.WithCancel(context.Background())
+	defer abort()
+	stop := make(chan struct{})
+	out := &trigger{when: map[string]func(){
+		"] sent":    func() { close(stop) },
+		"stopping:": abort,
+	}}
+	begun := time.Now()
+	_, err := rig.Demo(ctx, rig.DemoOptions{Agent: bin, Devices: 6, Out: out, Stop: stop, Dir: t.TempDir()})
+	t.Logf("%v\n%s", err, out)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("demo returned %v, want an abort", err)
+	}
+	if d := time.Since(begun); d > 30*time.Second {
+		t.Fatalf("the abort took %v", d)
 	}
 }

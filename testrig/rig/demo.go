@@ -20,8 +20,13 @@ import (
 type DemoOptions struct {
 	// Agent is the edgeagent binary.
 	Agent string
-	// Duration stops the demo after this long; 0 runs until ctx ends (Ctrl-C).
+	// Duration stops the demo after this long; 0 runs until Stop.
 	Duration time.Duration
+	// Stop, when closed, stops the demo as the end of Duration does (the
+	// first Ctrl-C): the devices stop, the agent closes its last windows,
+	// the summary follows. ctx ending instead aborts at once: the agent
+	// and servers are stopped and no summary is made.
+	Stop <-chan struct{}
 	// Devices is the fleet size (default 36).
 	Devices int
 	// Dir keeps the data there ("" uses a temporary directory, removed
@@ -79,8 +84,8 @@ func demoScenario(devices int, d time.Duration) *scenario.Scenario {
 
 // Demo runs the demo: the agent with its embedded broker, simulated
 // devices, an in-process NATS JetStream cloud, a link outage, and a live
-// view refreshed every second. It stops when ctx ends or after Duration,
-// lets the agent catch up, and returns the verifier's report.
+// view refreshed every second. It stops on Stop or after Duration, lets
+// the agent catch up, and returns the verifier's report; ctx ending aborts.
 func Demo(ctx context.Context, o DemoOptions) (*Report, error) {
 	if o.Devices == 0 {
 		o.Devices = 36
@@ -114,9 +119,10 @@ func Demo(ctx context.Context, o DemoOptions) (*Report, error) {
 	c := plan.Counts()
 	rep.Plan = PlanSummary{Devices: c.Devices, Messages: c.Messages, Readings: c.Readings, Retries: c.Retries, Dead: c.Dead}
 
-	// Publishing, faults and the view stop with ctx (Ctrl-C) or Duration;
-	// the catch-up after it must not.
-	runCtx := ctx
+	// Publishing and faults stop on Stop (Ctrl-C) or after Duration; the
+	// catch-up after them stops only when ctx ends (a second Ctrl-C).
+	runCtx, stopRun := WithStop(ctx, o.Stop)
+	defer stopRun()
 	if o.Duration > 0 {
 		var cancel context.CancelFunc
 		runCtx, cancel = context.WithTimeout(ctx, o.Duration+2*time.Second)
@@ -132,6 +138,9 @@ func Demo(ctx context.Context, o DemoOptions) (*Report, error) {
 	select {
 	case start = <-started:
 	case err := <-pubErr:
+		if ctx.Err() == nil && runCtx.Err() != nil {
+			return nil, errStoppedEarly
+		}
 		return nil, fmt.Errorf("rig: publisher: %w", err)
 	}
 	faultsDone := make(chan struct{})
@@ -166,34 +175,30 @@ loop:
 	exp := truth.Compute(plan, pub.Sent(), pub.SentAt(), truthSettings(sc.Agent))
 	opts := verify.CompareOptions{Gateway: Gateway, Aggregates: sc.Agent.Window.Aggregates, AtLeastOnce: pp.Republished > 0}
 	const settleTimeout = 45 * time.Second
-	settleCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	// The settle ends early only when ctx does (a second Ctrl-C).
+	settleCtx, cancel := context.WithTimeout(ctx, settleTimeout)
 	defer cancel()
 	settleStart := time.Now()
-	// The status fetch of the last lines must outlive a settle timeout.
-	drawCtx := context.WithoutCancel(ctx)
 	for done := false; !done; {
 		select {
 		case <-tick.C:
 		case <-settleCtx.Done():
 		}
-		res := e.verifier.Compare(exp, opts)
-		w := res.Windows
-		// The last line is drawn after the verifier settled, so that it
-		// agrees with the summary below it.
-		banner := fmt.Sprintf("stopping: devices are quiet, so lag grows; waiting for the agent to close the last windows (%s of %s correct)",
-			num(w.Correct), num(w.Expected))
-		switch {
-		case res.Complete():
-			banner, done = fmt.Sprintf("settled: every expected window arrived correct (%s of %s); stopping the agent", num(w.Correct), num(w.Expected)), true
-		case settleCtx.Err() != nil:
-			banner, done = fmt.Sprintf("gave up waiting after %v (%s of %s windows correct); stopping the agent", settleTimeout, num(w.Correct), num(w.Expected)), true
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("rig: demo aborted while the agent caught up: %w", ctx.Err())
 		}
-		view.draw(drawCtx, banner)
+		res := e.verifier.Compare(exp, opts)
+		banner := settleBanner(res, settleCtx.Err() != nil, settleTimeout)
+		done = res.Complete() || settleCtx.Err() != nil
+		// The last line is drawn after the verifier settled, so that it
+		// agrees with the summary below it. Its status fetch gets ctx:
+		// settleCtx may have expired.
+		view.draw(ctx, banner)
 	}
 	tick.Stop()
 	rep.SettleSeconds = time.Since(settleStart).Seconds()
 	// The final reads get their own time: settleCtx may have expired.
-	finalCtx, cancelFinal := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	finalCtx, cancelFinal := context.WithTimeout(ctx, 10*time.Second)
 	defer cancelFinal()
 	st := e.status(finalCtx)
 	code, err := e.agent.Terminate(30 * time.Second)
@@ -218,6 +223,25 @@ loop:
 	}
 	fmt.Fprintln(o.Out)
 	return rep, nil
+}
+
+// settleBanner says where the catch-up after the devices stopped stands.
+// Received and correct are told apart: once every window has arrived, what
+// is left to wait for is a revision of the wrong ones, not more windows.
+func settleBanner(res *verify.Result, gaveUp bool, timeout time.Duration) string {
+	w := res.Windows
+	got := w.Expected - w.Missing
+	switch {
+	case res.Complete():
+		return fmt.Sprintf("settled: every expected window arrived correct (%s of %s); stopping the agent", num(w.Correct), num(w.Expected))
+	case gaveUp:
+		return fmt.Sprintf("gave up waiting after %v (%s of %s windows received, %s correct); stopping the agent", timeout, num(got), num(w.Expected), num(w.Correct))
+	case w.Missing == 0 && w.Wrong > 0:
+		return fmt.Sprintf("stopping: every expected window arrived (%s), %s with a value that is not final yet; waiting for their revisions (%s correct)",
+			num(w.Expected), num(w.Wrong), num(w.Correct))
+	}
+	return fmt.Sprintf("stopping: devices are quiet, so lag grows; waiting for the agent to close the last windows (%s of %s received, %s correct)",
+		num(got), num(w.Expected), num(w.Correct))
 }
 
 // liveView draws the demo's terminal view.

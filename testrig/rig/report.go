@@ -23,6 +23,9 @@ type Report struct {
 	Description string `json:"description,omitempty"`
 	Short       bool   `json:"short"`
 	Verdict     string `json:"verdict"`
+	// Interrupted is true when the run was stopped early (Ctrl-C): the
+	// verdict is then FAIL and the report covers what had arrived.
+	Interrupted bool `json:"interrupted"`
 	// Failures says, one line each, why the verdict is FAIL.
 	Failures []string `json:"failures,omitempty"`
 	// Notes are things worth knowing that are not failures.
@@ -135,7 +138,11 @@ func (r *Report) WriteTable(w io.Writer) {
 	if r.Scenario != "" {
 		name += " " + r.Scenario
 	}
-	fmt.Fprintf(w, "edgerig %s%s: %s\n", name, short, r.Verdict)
+	interrupted := ""
+	if r.Interrupted {
+		interrupted = " (interrupted: a partial report)"
+	}
+	fmt.Fprintf(w, "edgerig %s%s: %s%s\n", name, short, r.Verdict, interrupted)
 	fmt.Fprintf(w, "  run        %d devices, %s messages (%s readings, %s retries, %s to dead-letter) via %s; %.1fs publishing, %.1fs settling\n",
 		r.Plan.Devices, num(r.Plan.Messages), num(r.Plan.Readings), num(r.Plan.Retries), num(r.Plan.Dead), r.Broker, r.PublishSeconds, r.SettleSeconds)
 	if len(r.Faults) > 0 {

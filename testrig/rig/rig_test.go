@@ -274,3 +274,22 @@ func TestClearSession(t *testing.T) {
 		t.Fatalf("%d messages still queued for %s after clearSession", n, ClientID)
 	}
 }
+
+// The catch-up banner tells received from correct: with every window in
+// and some wrong, it waits for revisions, not for windows.
+func TestSettleBanner(t *testing.T) {
+	for _, c := range []struct {
+		w      verify.WindowCounts
+		gaveUp bool
+		want   string
+	}{
+		{verify.WindowCounts{Expected: 384, Correct: 340, Missing: 22, Wrong: 22}, false, "close the last windows (362 of 384 received, 340 correct)"},
+		{verify.WindowCounts{Expected: 384, Correct: 362, Wrong: 22}, false, "every expected window arrived (384), 22 with a value that is not final yet"},
+		{verify.WindowCounts{Expected: 384, Correct: 384}, false, "settled: every expected window arrived correct (384 of 384)"},
+		{verify.WindowCounts{Expected: 384, Correct: 362, Wrong: 22}, true, "gave up waiting after 45s (384 of 384 windows received, 362 correct)"},
+	} {
+		if got := settleBanner(&verify.Result{Windows: c.w}, c.gaveUp, 45*time.Second); !strings.Contains(got, c.want) {
+			t.Errorf("%+v: %q, want it to contain %q", c.w, got, c.want)
+		}
+	}
+}

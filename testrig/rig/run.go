@@ -37,7 +37,32 @@ type Options struct {
 	Broker string
 	// Progress receives one line per phase and fault; nil discards them.
 	Progress io.Writer
+	// Stop, when closed, ends the run early (the first Ctrl-C): publishing
+	// and faults stop, the agent is stopped without waiting for it to
+	// deliver the rest, and the report covers what had arrived, marked
+	// Interrupted. ctx ending instead aborts at once, without a report.
+	Stop <-chan struct{}
 }
+
+// WithStop returns a context that ends with ctx or when stop is closed
+// (nil: never). Its goroutine ends with the context: call cancel.
+func WithStop(ctx context.Context, stop <-chan struct{}) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	if stop != nil {
+		go func() {
+			select {
+			case <-stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	}
+	return ctx, cancel
+}
+
+// errStoppedEarly is returned when a run is stopped before its devices
+// started publishing: there is nothing to report.
+var errStoppedEarly = errors.New("rig: stopped before the devices started publishing: nothing to report")
 
 // tmpfsSize is the data_dir filesystem of runs with a disk_full fault.
 const tmpfsSize = 256 << 20
@@ -131,8 +156,10 @@ func run(ctx context.Context, e *env, sc *scenario.Scenario, o Options) (*Report
 	}
 	c := plan.Counts()
 	rep.Plan = PlanSummary{Devices: c.Devices, Messages: c.Messages, Readings: c.Readings, Retries: c.Retries, Dead: c.Dead}
-	e.logf("agent up; publishing %d messages", c.Messages)
 
+	// Publishing and faults stop early on o.Stop; the rest only on ctx.
+	runCtx, stopRun := WithStop(ctx, o.Stop)
+	defer stopRun()
 	started := make(chan time.Time, 1)
 	pub := sim.NewPublisher(plan, sim.PublisherConfig{
 		Broker: e.brokerURL, ClientPrefix: "edgerig-" + sc.Name,
@@ -151,17 +178,21 @@ func run(ctx context.Context, e *env, sc *scenario.Scenario, o Options) (*Report
 		wg.Wait()
 	}()
 	pubErr := make(chan error, 1)
-	go func() { pubErr <- pub.Run(ctx) }()
+	go func() { pubErr <- pub.Run(runCtx) }()
 	var start time.Time
 	select {
 	case start = <-started:
 	case err := <-pubErr:
+		if ctx.Err() == nil && runCtx.Err() != nil {
+			return nil, errStoppedEarly
+		}
 		return nil, fmt.Errorf("rig: publisher: %w", err)
 	}
+	e.logf("agent up; publishing %d messages", c.Messages)
 	faultsDone := make(chan struct{})
 	go func() {
 		defer close(faultsDone)
-		fl.run(ctx, sc.Faults, sc.Duration, start)
+		fl.run(runCtx, sc.Faults, sc.Duration, start)
 	}()
 	perr := <-pubErr
 	rep.PublishSeconds = time.Since(start).Seconds()
@@ -171,23 +202,36 @@ func run(ctx context.Context, e *env, sc *scenario.Scenario, o Options) (*Report
 	}
 	pp := pub.Progress()
 	rep.Publisher = PublisherSummary{Published: pp.Published, Acked: pp.Acked, Republished: pp.Republished, Unacked: pub.Unacked()}
-	if perr != nil {
+	rep.Interrupted = runCtx.Err() != nil
+	switch {
+	case rep.Interrupted:
+		e.proxy.Restore() // an outage cut short ends here
+		rep.Failures = append(rep.Failures, fmt.Sprintf("interrupted %.1fs into publishing: this report covers what had arrived; the agent was stopped without time to deliver the rest, which counts as missing", rep.PublishSeconds))
+		e.logf("interrupted after %d messages: stopping the agent and reporting what has arrived (Ctrl-C again aborts)", pp.Acked)
+	case perr != nil:
 		rep.Failures = append(rep.Failures, fmt.Sprintf("publisher: %v", perr))
 	}
-	e.logf("published %d messages in %.1fs; waiting for the agent to catch up", pp.Acked, rep.PublishSeconds)
+	if !rep.Interrupted {
+		e.logf("published %d messages in %.1fs; waiting for the agent to catch up", pp.Acked, rep.PublishSeconds)
+	}
 
 	exp := truth.Compute(plan, pub.Sent(), pub.SentAt(), truthSettings(sc.Agent))
 	atLeastOnce := sc.AtLeastOnce() || pp.Republished > 0
 	opts := verify.CompareOptions{Gateway: Gateway, Aggregates: sc.Agent.Window.Aggregates, AtLeastOnce: atLeastOnce}
-	settleStart := time.Now()
-	res := waitComplete(ctx, e, exp, opts, sc.SettleTimeout)
-	rep.SettleSeconds = time.Since(settleStart).Seconds()
-	if !res.Complete() {
-		rep.Failures = append(rep.Failures, fmt.Sprintf("the agent did not deliver every window within settle_timeout %v", sc.SettleTimeout))
+	if !rep.Interrupted {
+		settleStart := time.Now()
+		res := waitComplete(ctx, e, exp, opts, sc.SettleTimeout)
+		rep.SettleSeconds = time.Since(settleStart).Seconds()
+		if !res.Complete() && ctx.Err() == nil {
+			rep.Failures = append(rep.Failures, fmt.Sprintf("the agent did not deliver every window within settle_timeout %v", sc.SettleTimeout))
+		}
+		// A quiet period: anything still to come (an extra, a late
+		// revision) has time to arrive before the agent is stopped.
+		sleepCtx(ctx, max(time.Second, 3*sc.Agent.TriggerInterval))
 	}
-	// A quiet period: anything still to come (an extra, a late revision)
-	// has time to arrive before the agent is stopped.
-	sleepCtx(ctx, max(time.Second, 3*sc.Agent.TriggerInterval))
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
 	stopSuper()
 	wg.Wait()
 	st := e.status(ctx)

@@ -31,9 +31,51 @@ const (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	os.Exit(Main(ctx, os.Args[1:], os.Stdout, os.Stderr))
+	ctx, abort := context.WithCancel(context.Background())
+	stop := make(chan struct{})
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go interrupts(sigs, stop, abort, done, os.Stderr, func() { os.Exit(exitError) })
+	code := Main(ctx, stop, os.Args[1:], os.Stdout, os.Stderr)
+	close(done)
+	signal.Stop(sigs)
+	os.Exit(code)
+}
+
+// abortGrace is how long an abort may take to stop the agent and servers
+// before the rig exits anyway (its children then die with it, see
+// testrig/procattr).
+const abortGrace = 10 * time.Second
+
+// interrupts turns signals into the rig's two ways of stopping, until done
+// is closed: the first closes stop (the devices stop and the summary
+// follows), the second cancels the run's context through abort (the agent
+// and servers are stopped, no summary), and a third, or an abort still
+// running after abortGrace, calls exit.
+func interrupts(sigs <-chan os.Signal, stop chan<- struct{}, abort func(), done <-chan struct{}, stderr io.Writer, exit func()) {
+	select {
+	case <-sigs:
+	case <-done:
+		return
+	}
+	fmt.Fprintln(stderr, "\nedgerig: stopping: the summary follows (Ctrl-C again aborts at once)")
+	close(stop)
+	select {
+	case <-sigs:
+	case <-done:
+		return
+	}
+	fmt.Fprintln(stderr, "\nedgerig: aborting: stopping the agent and servers, no summary")
+	abort()
+	select {
+	case <-sigs:
+	case <-time.After(abortGrace):
+	case <-done:
+		return
+	}
+	fmt.Fprintln(stderr, "edgerig: exiting without waiting for the agent and servers to stop")
+	exit()
 }
 
 // Synopses, one per subcommand: the top-level usage and each subcommand's
@@ -56,19 +98,24 @@ SCENARIO is a stock scenario name (edgerig scenarios lists them) or a YAML file.
 Exit status: 0 pass, 1 something missing or wrong, 2 usage, 3 the run could not be carried out.
 `
 
-// Main runs the command line and returns the exit code.
-func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+// Main runs the command line and returns the exit code. Closing stop ends
+// a run or demo early with its report; ctx ending aborts it.
+func Main(ctx context.Context, stop <-chan struct{}, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return exitUsage
 	}
 	switch args[0] {
 	case "run":
-		return cmdRun(ctx, args[1:], stdout, stderr)
+		return cmdRun(ctx, stop, args[1:], stdout, stderr)
 	case "demo":
-		return cmdDemo(ctx, args[1:], stdout, stderr)
+		return cmdDemo(ctx, stop, args[1:], stdout, stderr)
 	case "load":
-		return cmdLoad(ctx, args[1:], stdout, stderr)
+		// Load mode has no partial figures to give: a stop ends it as an
+		// abort does.
+		lctx, cancel := rig.WithStop(ctx, stop)
+		defer cancel()
+		return cmdLoad(lctx, args[1:], stdout, stderr)
 	case "scenarios":
 		for _, n := range scenario.Names() {
 			sc, err := scenario.Lookup(n)
@@ -127,7 +174,7 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+func cmdRun(ctx context.Context, stop <-chan struct{}, args []string, stdout, stderr io.Writer) int {
 	fs := flags("run", synRun)
 	agent := fs.String("agent", "bin/edgeagent", "edgeagent binary")
 	short := fs.Bool("short", false, "run the scenario's short version (CI)")
@@ -166,9 +213,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		progress = nil
 	}
 	rep, err := rig.Run(ctx, rig.Options{Agent: *agent, Scenario: sc, Short: *short, Dir: *dir, Keep: *keep,
-		MQTT: *mqtt, NATS: *nats, Broker: *broker, Progress: progress})
+		MQTT: *mqtt, NATS: *nats, Broker: *broker, Progress: progress, Stop: stop})
 	if err != nil {
-		fmt.Fprintf(stderr, "edgerig run: %v\n", err)
+		fmt.Fprintf(stderr, "edgerig run: %s\n", failed(ctx, err))
 		return exitError
 	}
 	return report(rep, *jsonPath, stdout, stderr)
@@ -188,10 +235,22 @@ func report(rep *rig.Report, jsonPath string, stdout, stderr io.Writer) int {
 			}
 		}
 	}
-	if !rep.OK() {
+	switch {
+	case rep.Interrupted:
+		return exitError // not carried out to the end: no verdict on the agent
+	case !rep.OK():
 		return exitFail
 	}
 	return exitOK
+}
+
+// failed says why a run could not be carried out, in a user's words when
+// it was aborted.
+func failed(ctx context.Context, err error) string {
+	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		return fmt.Sprintf("aborted (a second Ctrl-C): the agent and servers were stopped, no report (%v)", err)
+	}
+	return err.Error()
 }
 
 func writeJSONFile(path string, write func(io.Writer) error, stderr io.Writer) int {
@@ -211,7 +270,7 @@ func writeJSONFile(path string, write func(io.Writer) error, stderr io.Writer) i
 	return exitOK
 }
 
-func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+func cmdDemo(ctx context.Context, stop <-chan struct{}, args []string, stdout, stderr io.Writer) int {
 	fs := flags("demo", synDemo)
 	agent := fs.String("agent", "bin/edgeagent", "edgeagent binary")
 	duration := fs.Duration("duration", 0, "stop after this long (default: run until Ctrl-C)")
@@ -230,9 +289,9 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "edgerig demo: %v\n", err)
 		return exitUsage
 	}
-	rep, err := rig.Demo(ctx, rig.DemoOptions{Agent: *agent, Duration: *duration, Devices: *devices, Dir: *dir, Out: stdout})
+	rep, err := rig.Demo(ctx, rig.DemoOptions{Agent: *agent, Duration: *duration, Devices: *devices, Dir: *dir, Out: stdout, Stop: stop})
 	if err != nil {
-		fmt.Fprintf(stderr, "edgerig demo: %v\n", err)
+		fmt.Fprintf(stderr, "edgerig demo: %s\n", failed(ctx, err))
 		if errors.Is(err, rig.ErrNoAgent) {
 			fmt.Fprintln(stderr, "build the agent first: make build (make demo does it for you)")
 		}

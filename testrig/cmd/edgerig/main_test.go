@@ -3,8 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 func TestUsageAndScenarios(t *testing.T) {
@@ -41,7 +44,7 @@ func TestUsageAndScenarios(t *testing.T) {
 	for _, c := range cases {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
 			var out, errb bytes.Buffer
-			code := Main(context.Background(), c.args, &out, &errb)
+			code := Main(context.Background(), nil, c.args, &out, &errb)
 			if code != c.code {
 				t.Fatalf("exit %d, want %d; stderr: %s", code, c.code, errb.String())
 			}
@@ -67,7 +70,7 @@ func TestParseInterleaved(t *testing.T) {
 func TestUsageListsEveryFlag(t *testing.T) {
 	for cmd, syn := range map[string]string{"run": synRun, "demo": synDemo, "load": synLoad} {
 		var out, errb bytes.Buffer
-		if code := Main(context.Background(), []string{cmd, "--help"}, &out, &errb); code != exitOK {
+		if code := Main(context.Background(), nil, []string{cmd, "--help"}, &out, &errb); code != exitOK {
 			t.Fatalf("%s --help: exit %d, want %d", cmd, code, exitOK)
 		}
 		if errb.Len() != 0 {
@@ -91,5 +94,38 @@ func TestUsageListsEveryFlag(t *testing.T) {
 		if n == 0 {
 			t.Errorf("%s --help listed no flags:\n%s", cmd, out.String())
 		}
+	}
+}
+
+// The first Ctrl-C stops (the summary follows), the second aborts, a third
+// exits at once.
+func TestInterrupts(t *testing.T) {
+	sigs := make(chan os.Signal, 1)
+	stop := make(chan struct{})
+	aborted, exited, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	defer close(done)
+	var errb bytes.Buffer // read only after exit, which follows every write
+	go interrupts(sigs, stop, func() { close(aborted) }, done, &errb, func() { close(exited) })
+	within := func(ch <-chan struct{}, what string) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no %s", what)
+		}
+	}
+	sigs <- syscall.SIGINT
+	within(stop, "stop after the first Ctrl-C")
+	select {
+	case <-aborted:
+		t.Fatal("the first Ctrl-C aborted")
+	default:
+	}
+	sigs <- syscall.SIGINT
+	within(aborted, "abort after the second Ctrl-C")
+	sigs <- syscall.SIGINT
+	within(exited, "exit after the third Ctrl-C")
+	if !strings.Contains(errb.String(), "Ctrl-C again aborts") {
+		t.Errorf("the first Ctrl-C does not say what a second does:\n%s", errb.String())
 	}
 }
