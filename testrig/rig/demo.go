@@ -74,6 +74,15 @@ func demoScenario(devices int, d time.Duration) *scenario.Scenario {
 	if d > 0 {
 		sc.Faults = []scenario.Fault{{At: scenario.At{Offset: d / 3}, Kind: scenario.FaultUplinkCut, For: max(5*time.Second, d/4)}}
 	} else {
+		// Spread over the 30-minute horizon, the offline spells would
+		// start minutes in: a new user would watch the first minutes
+		// without one. They start in the first minute instead, and last
+		// 8-16 s of wall time, so the view shows devices buffering and
+		// their backlog flushing (and the idle-closed windows revised)
+		// while someone is watching. After that minute the link outages
+		// go on; the devices stay online.
+		sc.Misbehaviour.Offline.Within = &[2]scenario.At{{Offset: 5 * time.Second}, {Offset: time.Minute}}
+		sc.Misbehaviour.Offline.Min, sc.Misbehaviour.Offline.Max = 4*time.Minute, 8*time.Minute
 		for at := 20 * time.Second; at < total; at += 90 * time.Second {
 			sc.Faults = append(sc.Faults, scenario.Fault{At: scenario.At{Offset: at}, Kind: scenario.FaultUplinkCut, For: 15 * time.Second})
 		}

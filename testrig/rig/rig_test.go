@@ -19,6 +19,7 @@ import (
 	"github.com/edgeagent/edgeagent/testrig/mqtttest"
 	"github.com/edgeagent/edgeagent/testrig/scenario"
 	"github.com/edgeagent/edgeagent/testrig/servers"
+	"github.com/edgeagent/edgeagent/testrig/sim"
 	"github.com/edgeagent/edgeagent/testrig/verify"
 )
 
@@ -291,5 +292,34 @@ func TestSettleBanner(t *testing.T) {
 		if got := settleBanner(&verify.Result{Windows: c.w}, c.gaveUp, 45*time.Second); !strings.Contains(got, c.want) {
 			t.Errorf("%+v: %q, want it to contain %q", c.w, got, c.want)
 		}
+	}
+}
+
+// A demo without --duration shows devices offline in its first minute,
+// not only minutes in (its plan spans a 30-minute horizon).
+func TestDemoOfflineEarly(t *testing.T) {
+	sc := demoScenario(36, 0)
+	if err := sc.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	plan, err := sim.NewPlan(sc, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	offline, early := 0, 0
+	for _, d := range plan.Devices {
+		if d.OfflineUntil == 0 {
+			continue
+		}
+		offline++
+		if d.OfflineFrom < 5*time.Second || d.OfflineFrom > time.Minute {
+			t.Errorf("%s goes offline at %v, want within 5s-1m", d.Name, d.OfflineFrom)
+		}
+		if d.OfflineFrom <= 30*time.Second {
+			early++
+		}
+	}
+	if offline < 6 || early == 0 {
+		t.Fatalf("%d devices go offline, %d of them in the first 30s; want a quarter of 36 and some early", offline, early)
 	}
 }

@@ -113,6 +113,11 @@ type Offline struct {
 	// Min and Max bound the offline span, in event time.
 	Min time.Duration `yaml:"min"`
 	Max time.Duration `yaml:"max"`
+	// Within bounds, as two points of the run, when the spans start
+	// (uniformly between them); unset, between 10% and 70% of the run.
+	// The demo, whose run is a 30-minute horizon, sets it so that devices
+	// go offline in its first minute, while a new user is watching.
+	Within *[2]At `yaml:"within"`
 }
 
 // Pause silences devices for a wall-clock span longer than the idle timeout,
@@ -623,6 +628,11 @@ func (sc *Scenario) Validate() error {
 		fracs["offline.devices"] = m.Offline.Devices
 		if m.Offline.Min <= 0 || m.Offline.Max < m.Offline.Min {
 			bad("misbehaviour.offline: 0 < min <= max")
+		}
+		if wi := m.Offline.Within; wi != nil {
+			if from, to := wi[0].Resolve(sc.Duration), wi[1].Resolve(sc.Duration); from < 0 || to < from || to > sc.Duration {
+				bad("misbehaviour.offline.within: [from, to] with 0 <= from <= to <= duration (%v)", sc.Duration)
+			}
 		}
 	}
 	if m.Pause != nil {

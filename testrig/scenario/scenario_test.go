@@ -64,6 +64,7 @@ devices:
 misbehaviour:
   duplicates: {readings: 5%}
   clock_skew: {devices: 0.5}
+  offline: {devices: 10%, min: 1m, max: 2m, within: [1s, 50%]}
 faults:
   - {at: 50%, kind: uplink_cut, for: 2s}
   - {at: 3s, kind: nats_restart}
@@ -82,6 +83,9 @@ agent:
 	}
 	if got := sc.Faults[1].At.Resolve(sc.Duration); got != 3*time.Second {
 		t.Errorf("3s resolved to %v", got)
+	}
+	if wi := sc.Misbehaviour.Offline.Within; wi == nil || wi[0].Resolve(sc.Duration) != time.Second || wi[1].Resolve(sc.Duration) != 5*time.Second {
+		t.Errorf("offline.within: %+v", wi)
 	}
 	if sc.Agent.MaxPayloadBytes != 4096 {
 		t.Errorf("max_payload_bytes %d", sc.Agent.MaxPayloadBytes)
@@ -113,6 +117,7 @@ func TestParseRejects(t *testing.T) {
 		{"pause shorter than idle", base + "misbehaviour:\n  pause: {devices: 10%, at: 10%, for: 1s}\n", "pause.for"},
 		{"bad at", base + "faults:\n  - {at: soon, kind: uplink_cut}\n", "soon"},
 		{"no devices", "name: t\nduration: 10s\n", "devices"},
+		{"offline within past the end", base + "misbehaviour:\n  offline: {devices: 10%, min: 1m, max: 2m, within: [5s, 20s]}\n", "offline.within"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -365,7 +365,14 @@ func (d *deviceGen) generate(idx int) {
 		if o.Max > o.Min {
 			length += d.rng.Int64N(o.Max.Milliseconds() - o.Min.Milliseconds() + 1)
 		}
-		from := int64(float64(d.spanMs) * (0.1 + 0.6*d.rng.Float64()))
+		var from int64
+		if wi := o.Within; wi != nil {
+			lo, hi := d.eventMs(wi[0].Resolve(d.sc.Duration)), d.eventMs(wi[1].Resolve(d.sc.Duration))
+			from = lo + int64(float64(hi-lo)*d.rng.Float64())
+		} else {
+			// Kept as it was, so a seed's plan stays the same.
+			from = int64(float64(d.spanMs) * (0.1 + 0.6*d.rng.Float64()))
+		}
 		back := min(d.p.WallOf(from+length), d.sc.Duration)
 		for i := range pts {
 			if pts[i].trueMs >= from && pts[i].trueMs < from+length {
@@ -395,6 +402,11 @@ func (d *deviceGen) generate(idx int) {
 	if mf := d.sc.Misbehaviour.Malformed; mf != nil && mf.Messages > 0 {
 		d.insertMalformed(float64(mf.Messages), mf.Oversized)
 	}
+}
+
+// eventMs is the event-time offset reached after wall time w.
+func (d *deviceGen) eventMs(w time.Duration) int64 {
+	return int64(float64(w.Milliseconds()) * d.sc.Speed)
 }
 
 func (d *deviceGen) nextID() string {
