@@ -322,7 +322,7 @@ func (v *liveView) draw(ctx context.Context, banner string) {
 		return
 	}
 	// Not a terminal (a log, CI): one line per refresh.
-	line := fmt.Sprintf("[%s] sent %s, cloud windows %s, link %s", clock(el), num(int(pp.Acked)), num(vp.Windows-vp.PTimeWindows), linkWord(v.e.proxy.Mode()))
+	line := fmt.Sprintf("[%s] sent %s, %d offline, cloud windows %s, link %s", clock(el), num(int(pp.Acked)), offline, num(vp.Windows-vp.PTimeWindows), linkWord(v.e.proxy.Mode()))
 	if st != nil {
 		line += fmt.Sprintf(", outbox %d, lag %.1fs", st.Outbox.Rows, st.Window.LagSeconds)
 	}
