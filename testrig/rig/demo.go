@@ -51,8 +51,11 @@ func demoScenario(devices int, d time.Duration) *scenario.Scenario {
 	if total == 0 {
 		total = demoHorizon
 	}
-	nJSON, nCBOR := devices*2/3, devices*2/9
-	nNum := max(1, devices-nJSON-nCBOR)
+	// Two thirds JSON, two ninths CBOR, the rest plain numbers, and at
+	// least one of each: a group of 0 devices is invalid.
+	nCBOR := max(1, devices*2/9)
+	nNum := max(1, devices-devices*2/3-devices*2/9)
+	nJSON := devices - nCBOR - nNum
 	sc := &scenario.Scenario{
 		Name:        "demo",
 		Description: "make demo: the agent's embedded broker between simulated devices and an in-process NATS cloud",
@@ -110,12 +113,17 @@ func Demo(ctx context.Context, o DemoOptions) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	e, err := newEnv(ctx, envConfig{dir: dir, agentBin: o.Agent, agent: sc.Agent, embedded: true, progress: o.Out})
+	// No progress writer: its lines come from the fault goroutine, and the
+	// view owns o.Out.
+	e, err := newEnv(ctx, envConfig{dir: dir, agentBin: o.Agent, agent: sc.Agent, embedded: true})
 	if err != nil {
 		removeTemp(dir, temp)
 		return nil, err
 	}
 	defer e.close()
+	if e.cleared != "" {
+		fmt.Fprintln(o.Out, e.cleared)
+	}
 	fmt.Fprintf(o.Out, "starting: agent %s, its embedded MQTT broker on %s, NATS JetStream on %s\n", o.Agent, e.brokerURL, e.natsURL)
 	if err := e.startAgent(ctx, 30*time.Second); err != nil {
 		return nil, err

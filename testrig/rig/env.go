@@ -69,7 +69,10 @@ type env struct {
 	// says why not when one was wanted.
 	tmpfs     bool
 	tmpfsNote string
-	started   time.Time
+	// cleared says what a previous run left that this one removed ("" for
+	// a fresh directory).
+	cleared string
+	started time.Time
 
 	closeOnce sync.Once
 }
@@ -196,7 +199,7 @@ func newEnv(ctx context.Context, cfg envConfig) (_ *env, err error) {
 var previousRun = []string{"data", "nats", "mosquitto", "agent.log", "agent.yaml"}
 
 // clearPreviousRun removes what an earlier run left in the run directory,
-// and says so.
+// and says so (progress, and e.cleared for the demo).
 func (e *env) clearPreviousRun() error {
 	var removed []string
 	for _, name := range previousRun {
@@ -210,7 +213,8 @@ func (e *env) clearPreviousRun() error {
 		removed = append(removed, name)
 	}
 	if len(removed) > 0 {
-		e.logf("run directory %s was used before: removed the previous run's %s", e.cfg.dir, strings.Join(removed, ", "))
+		e.cleared = fmt.Sprintf("run directory %s was used before: removed the previous run's %s", e.cfg.dir, strings.Join(removed, ", "))
+		e.logf("%s", e.cleared)
 	}
 	return nil
 }

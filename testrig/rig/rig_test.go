@@ -323,3 +323,20 @@ func TestDemoOfflineEarly(t *testing.T) {
 		t.Fatalf("%d devices go offline, %d of them in the first 30s; want a quarter of 36 and some early", offline, early)
 	}
 }
+
+// Every fleet size the demo accepts makes a valid scenario with 36
+// devices split as before.
+func TestDemoFleetSizes(t *testing.T) {
+	for n := 3; n <= 40; n++ {
+		sc := demoScenario(n, 0)
+		if err := sc.Validate(); err != nil {
+			t.Fatalf("--devices %d: %v", n, err)
+		}
+		if got := sc.DeviceCount(); got != n {
+			t.Fatalf("--devices %d: %d devices", n, got)
+		}
+	}
+	if g := demoScenario(36, 0).Devices; g[0].Count != 24 || g[1].Count != 8 || g[2].Count != 4 {
+		t.Fatalf("36 devices split %d/%d/%d, want 24/8/4", g[0].Count, g[1].Count, g[2].Count)
+	}
+}

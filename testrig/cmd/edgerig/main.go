@@ -285,7 +285,7 @@ func cmdDemo(ctx context.Context, stop <-chan struct{}, args []string, stdout, s
 		fmt.Fprintf(stderr, "edgerig demo: unexpected argument %q\n", pos[0])
 		return exitUsage
 	}
-	if err := checkFlags(checkMin("duration", *duration, 0, "0 (run until Ctrl-C) or more"), checkMin("devices", *devices, 1, "at least 1")); err != nil {
+	if err := checkFlags(checkMin("duration", *duration, 0, "0 (run until Ctrl-C) or more"), checkMin("devices", *devices, 3, "at least 3 (one of each format)")); err != nil {
 		fmt.Fprintf(stderr, "edgerig demo: %v\n", err)
 		return exitUsage
 	}

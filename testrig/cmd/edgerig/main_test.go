@@ -33,7 +33,7 @@ func TestUsageAndScenarios(t *testing.T) {
 		// Bad flag values are usage errors naming the flag, found before
 		// anything starts (the agent path does not even exist here).
 		{[]string{"demo", "--agent", "/nonexistent", "--duration", "-5s"}, exitUsage, "--duration -5s: want 0"},
-		{[]string{"demo", "--agent", "/nonexistent", "--devices", "-3"}, exitUsage, "--devices -3: want at least 1"},
+		{[]string{"demo", "--agent", "/nonexistent", "--devices", "-3"}, exitUsage, "--devices -3: want at least 3"},
 		{[]string{"run", "--agent", "/nonexistent", "--nats", "localhost", "steady"}, exitUsage, `--nats "localhost": want nats://host:port`},
 		{[]string{"run", "--agent", "/nonexistent", "--mqtt", "127.0.0.1:59173", "steady"}, exitUsage, `--mqtt "127.0.0.1:59173": want tcp|`},
 		{[]string{"run", "--agent", "/nonexistent", "--mqtt", "tcp://127.0.0.1", "steady"}, exitUsage, "host:port"},
