@@ -31,15 +31,20 @@ const (
 )
 
 func main() {
+	restoreTerminal := takeTerminal()
 	ctx, abort := context.WithCancel(context.Background())
 	stop := make(chan struct{})
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	done := make(chan struct{})
-	go interrupts(sigs, stop, abort, done, os.Stderr, func() { os.Exit(exitError) })
+	go interrupts(sigs, stop, abort, done, os.Stderr, func() {
+		restoreTerminal()
+		os.Exit(exitError)
+	})
 	code := Main(ctx, stop, os.Args[1:], os.Stdout, os.Stderr)
 	close(done)
 	signal.Stop(sigs)
+	restoreTerminal()
 	os.Exit(code)
 }
 
