@@ -299,7 +299,7 @@ func (v *liveView) draw(ctx context.Context, banner string) {
 	if v.total > 0 && el <= v.total {
 		of = " of " + clock(v.total)
 	}
-	fmt.Fprintf(&b, "edgeagent demo — %s%s   (Ctrl-C stops; the verifier's summary follows)\n\n", clock(el), of)
+	fmt.Fprintf(&b, "edgeagent demo — %s%s   (Ctrl-C stops, the verifier's summary follows; twice aborts)\n\n", clock(el), of)
 	fmt.Fprintf(&b, "  devices   %d simulated (JSON, CBOR, plain numbers) on the agent's embedded broker; %d offline now, buffering\n", len(v.plan.Devices), offline)
 	fmt.Fprintf(&b, "  readings  %s sent (%.0f/s)", num(int(pp.Acked)), rate)
 	if st != nil {
