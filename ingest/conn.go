@@ -37,8 +37,13 @@ type bufferedConn struct {
 	r *bufio.Reader
 
 	publish publishFunc
-	pass    []byte // what is left of a packet paho is reading
-	passBuf []byte
+	// maxPayload (max_payload_bytes; 0: no bound) is the largest payload
+	// read whole: of a larger one only a prefix is kept and the rest is
+	// read past, so one huge message costs no memory (it is dead-lettered
+	// with the prefix anyway).
+	maxPayload int
+	pass       []byte // what is left of a packet paho is reading
+	passBuf    []byte
 
 	mu     sync.Mutex
 	w      []byte
@@ -49,8 +54,13 @@ type bufferedConn struct {
 
 // publishFunc receives a PUBLISH taken out of the stream: id is its packet
 // id (0 for QoS0), to acknowledge with c.puback once it is durable. topic
-// and payload are only valid during the call.
-type publishFunc func(c *bufferedConn, topic []byte, qos byte, retained, dup bool, id uint16, payload []byte)
+// and payload are only valid during the call. size is the payload's length
+// on the wire: more than len(payload) when only a prefix was kept.
+type publishFunc func(c *bufferedConn, topic []byte, qos byte, retained, dup bool, id uint16, payload []byte, size int)
+
+// oversizedPrefix is how much of a payload over maxPayload is kept: what a
+// rejected record stores.
+const oversizedPrefix = 256
 
 func (c *bufferedConn) Read(p []byte) (int, error) {
 	if c.publish == nil {
@@ -106,21 +116,48 @@ func (c *bufferedConn) nextPacket() error {
 		return nil
 	}
 	if n > c.r.Size() {
-		body, err := appendN(nil, c.r, n)
-		if err != nil {
-			return err
-		}
-		return c.dispatch(h, body)
+		return c.readLargePublish(h, n)
 	}
 	body, err := c.r.Peek(n) // no copy: publish copies what it keeps
 	if err != nil {
 		return err
 	}
-	if err := c.dispatch(h, body); err != nil {
+	if err := c.dispatch(h, body, -1); err != nil {
 		return err
 	}
 	_, err = c.r.Discard(n)
 	return err
+}
+
+// readLargePublish reads a QoS0/1 PUBLISH of n bytes that does not fit
+// the read buffer. A payload over maxPayload is not read into memory: its
+// prefix is kept and the rest discarded as it streams in.
+func (c *bufferedConn) readLargePublish(h byte, n int) error {
+	head := 2 // topic length
+	if h>>1&3 == 1 {
+		head += 2 // packet id
+	}
+	body, err := appendN(nil, c.r, min(n, 2))
+	if err != nil {
+		return err
+	}
+	if len(body) == 2 {
+		head += int(body[0])<<8 | int(body[1])
+	}
+	if c.maxPayload <= 0 || n-head <= c.maxPayload {
+		if body, err = appendN(body, c.r, n-len(body)); err != nil {
+			return err
+		}
+		return c.dispatch(h, body, n-head)
+	}
+	keep := min(n, head+oversizedPrefix) // the topic and id, then the payload's prefix
+	if body, err = appendN(body, c.r, keep-len(body)); err != nil {
+		return err
+	}
+	if _, err := c.r.Discard(n - keep); err != nil {
+		return err
+	}
+	return c.dispatch(h, body, n-head)
 }
 
 // appendN appends the next n bytes of r to b. It grows b as the bytes
@@ -138,8 +175,9 @@ func appendN(b []byte, r io.Reader, n int) ([]byte, error) {
 	return b, nil
 }
 
-// dispatch parses a QoS0/1 PUBLISH's body and hands it to publish.
-func (c *bufferedConn) dispatch(h byte, body []byte) error {
+// dispatch parses a QoS0/1 PUBLISH's body and hands it to publish; size is
+// the payload's length on the wire, -1 for the payload's own.
+func (c *bufferedConn) dispatch(h byte, body []byte, size int) error {
 	n, qos := len(body), h>>1&3
 	if len(body) < 2 {
 		return fmt.Errorf("%w: PUBLISH of %d bytes", errMalformed, n)
@@ -157,7 +195,10 @@ func (c *bufferedConn) dispatch(h byte, body []byte) error {
 		}
 		id, rest = uint16(rest[0])<<8|uint16(rest[1]), rest[2:]
 	}
-	c.publish(c, topic, qos, h&1 == 1, h&8 != 0, id, rest)
+	if size < 0 {
+		size = len(rest)
+	}
+	c.publish(c, topic, qos, h&1 == 1, h&8 != 0, id, rest, size)
 	return nil
 }
 
@@ -239,7 +280,7 @@ func (c *bufferedConn) Close() error {
 // bufferedDial opens plain TCP and TLS broker connections for paho through
 // a bufferedConn that hands PUBLISH packets to publish. WebSocket URLs are
 // left to paho (ok is false).
-func bufferedDial(scheme string, publish publishFunc) (paho.OpenConnectionFunc, bool) {
+func bufferedDial(scheme string, publish publishFunc, maxPayload int) (paho.OpenConnectionFunc, bool) {
 	switch scheme {
 	case "tcp", "mqtt", "ssl", "tls", "mqtts", "tcps":
 	default:
@@ -258,6 +299,6 @@ func bufferedDial(scheme string, publish publishFunc) (paho.OpenConnectionFunc, 
 		if err != nil {
 			return nil, err
 		}
-		return &bufferedConn{Conn: c, r: bufio.NewReaderSize(c, 32<<10), publish: publish}, nil
+		return &bufferedConn{Conn: c, r: bufio.NewReaderSize(c, 32<<10), publish: publish, maxPayload: maxPayload}, nil
 	}, true
 }

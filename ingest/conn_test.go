@@ -24,7 +24,7 @@ type published struct {
 func filteredStream(stream []byte, bufSize int, got *[]published) *bufferedConn {
 	return &bufferedConn{
 		r: bufio.NewReaderSize(bytes.NewReader(stream), bufSize),
-		publish: func(_ *bufferedConn, topic []byte, qos byte, retained, dup bool, id uint16, payload []byte) {
+		publish: func(_ *bufferedConn, topic []byte, qos byte, retained, dup bool, id uint16, payload []byte, _ int) {
 			*got = append(*got, published{string(topic), qos, retained, dup, id, string(payload)})
 		},
 	}
@@ -93,6 +93,37 @@ func TestConnTakesPublishesOutOfPahosStream(t *testing.T) {
 				t.Errorf("taken out:\n%v\nwant\n%v", got, want)
 			}
 		})
+	}
+}
+
+// A payload over maxPayload is not read into memory: a prefix is kept, the
+// rest is read past, the size on the wire is reported, and the packets
+// after it come through intact.
+func TestConnKeepsOnlyAPrefixOfAnOversizedPayload(t *testing.T) {
+	huge := bytes.Repeat([]byte("x"), 8<<20)
+	var stream bytes.Buffer
+	encodePacket(t, &stream, publishPacket("sensors/big/telemetry", 1, false, false, 5, huge))
+	encodePacket(t, &stream, publishPacket("sensors/small/telemetry", 1, false, false, 6, []byte(`{"v":1}`)))
+	encodePacket(t, &stream, publishPacket("sensors/limit/telemetry", 0, false, false, 0, huge[:40<<10]))
+	var got []published
+	var sizes []int
+	c := &bufferedConn{
+		r:          bufio.NewReaderSize(bytes.NewReader(stream.Bytes()), 32<<10),
+		maxPayload: 40 << 10,
+		publish: func(_ *bufferedConn, topic []byte, qos byte, retained, dup bool, id uint16, payload []byte, size int) {
+			got = append(got, published{string(topic), qos, retained, dup, id, string(payload)})
+			sizes = append(sizes, size)
+		},
+	}
+	if _, err := io.ReadAll(c); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || got[0].topic != "sensors/big/telemetry" || got[0].id != 5 || len(got[0].payload) != oversizedPrefix ||
+		got[1].payload != `{"v":1}` || got[1].id != 6 || len(got[2].payload) != 40<<10 {
+		t.Fatalf("taken out: %d messages, first %q id %d with %d payload bytes", len(got), got[0].topic, got[0].id, len(got[0].payload))
+	}
+	if want := []int{8 << 20, 7, 40 << 10}; fmt.Sprint(sizes) != fmt.Sprint(want) {
+		t.Errorf("sizes %v, want %v", sizes, want)
 	}
 }
 

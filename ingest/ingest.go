@@ -207,8 +207,9 @@ func (in *Ingester) Stats() *Stats { return &in.stats }
 func (in *Ingester) Connected() bool { return in.src.connected() }
 
 // classify builds the Bronze record for a received message: a message, or a
-// rejected record carrying the reason.
-func (in *Ingester) classify(topicName string, qos byte, retained, dup bool, payload []byte) buffer.Record {
+// rejected record carrying the reason. size is the payload's length on the
+// wire, more than len(payload) when the connection kept only a prefix.
+func (in *Ingester) classify(topicName string, qos byte, retained, dup bool, payload []byte, size int) buffer.Record {
 	rec := buffer.Record{
 		Kind:       buffer.KindMessage,
 		ReceivedAt: in.cfg.Clock().UnixNano(),
@@ -233,8 +234,8 @@ func (in *Ingester) classify(topicName string, qos byte, retained, dup bool, pay
 		rec.Topic = fmt.Sprintf("%q", topicName)
 		return reject(ReasonBadTopic, "topic is not valid UTF-8")
 	}
-	if in.cfg.MaxPayloadBytes > 0 && len(payload) > in.cfg.MaxPayloadBytes {
-		return reject(ReasonOversized, fmt.Sprintf("payload is %d bytes, max_payload_bytes is %d", len(payload), in.cfg.MaxPayloadBytes))
+	if in.cfg.MaxPayloadBytes > 0 && max(size, len(payload)) > in.cfg.MaxPayloadBytes {
+		return reject(ReasonOversized, fmt.Sprintf("payload is %d bytes, max_payload_bytes is %d", max(size, len(payload)), in.cfg.MaxPayloadBytes))
 	}
 	if !in.matches(topicName) {
 		return reject(ReasonNoTemplate, "topic matches no subscription template")

@@ -253,28 +253,33 @@ func TestRejectedMessagesAreKeptWithReason(t *testing.T) {
 	pub := mqtttest.NewPublisher(t, url, "device-pub")
 	big := bytes.Repeat([]byte("x"), 5000)
 	pub.Publish(t, "sensors/d1/telemetry", 1, big)
+	// Larger than the connection's read buffer: only its prefix is read in.
+	pub.Publish(t, "sensors/d1/telemetry", 1, bytes.Repeat([]byte("y"), 4<<20))
 	pub.Publish(t, "sensors/d1/telemetry", 1, []byte(`{"id":"after"}`))
-	var rejected *buffer.Record
-	mqtttest.WaitFor(t, 10*time.Second, "both records", func() bool {
+	var rejected []buffer.Record
+	mqtttest.WaitFor(t, 10*time.Second, "three records", func() bool {
 		n := 0
+		rejected = rejected[:0]
 		b.Scan(1, func(r buffer.Record) bool {
 			n++
 			if r.Kind == buffer.KindRejected {
 				r.Payload = bytes.Clone(r.Payload)
-				rejected = &r
+				rejected = append(rejected, r)
 			}
 			return true
 		})
-		return n == 2
+		return n == 3
 	})
-	if rejected == nil || !strings.HasPrefix(rejected.Reason, ReasonOversized) || !strings.Contains(rejected.Reason, "5000 bytes") {
-		t.Fatalf("oversized message not kept as rejected with its reason: %+v", rejected)
+	for i, size := range []string{"5000 bytes", "4194304 bytes"} {
+		if len(rejected) != 2 || !strings.HasPrefix(rejected[i].Reason, ReasonOversized) || !strings.Contains(rejected[i].Reason, size) {
+			t.Fatalf("oversized messages not kept as rejected with their reasons: %+v", rejected)
+		}
+		if len(rejected[i].Payload) == 0 || len(rejected[i].Payload) > 256 {
+			t.Errorf("rejected record keeps %d payload bytes, want a bounded prefix", len(rejected[i].Payload))
+		}
 	}
-	if len(rejected.Payload) > 256 {
-		t.Errorf("rejected record keeps %d payload bytes, want a bounded prefix", len(rejected.Payload))
-	}
-	if got := in.Stats().Rejected()[ReasonOversized]; got != 1 {
-		t.Errorf("rejected[%s] = %d, want 1", ReasonOversized, got)
+	if got := in.Stats().Rejected()[ReasonOversized]; got != 2 {
+		t.Errorf("rejected[%s] = %d, want 2", ReasonOversized, got)
 	}
 
 	// Topics the broker can deliver but no template explains, and invalid
@@ -283,7 +288,7 @@ func TestRejectedMessagesAreKeptWithReason(t *testing.T) {
 		{"sensors/d1/other", ReasonNoTemplate},
 		{"sensors/\xff/telemetry", ReasonBadTopic},
 	} {
-		r := in.classify(c.topic, 1, false, false, []byte("{}"))
+		r := in.classify(c.topic, 1, false, false, []byte("{}"), 2)
 		if r.Kind != buffer.KindRejected || !strings.HasPrefix(r.Reason, c.reason) {
 			t.Errorf("classify(%q) = %v %q, want rejected %s", c.topic, r.Kind, r.Reason, c.reason)
 		}

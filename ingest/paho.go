@@ -58,7 +58,7 @@ func (p *pahoSource) start(ctx context.Context) error {
 		if cfg.viaPaho {
 			publish = nil
 		}
-		if dial, ok := bufferedDial(u.Scheme, publish); ok {
+		if dial, ok := bufferedDial(u.Scheme, publish, cfg.MaxPayloadBytes); ok {
 			opts.SetCustomOpenConnectionFn(dial)
 		}
 	}
@@ -132,8 +132,8 @@ func (p *pahoSource) start(ctx context.Context) error {
 
 // onPublish hands a QoS0 or QoS1 message the connection took out of
 // paho's stream to the committer, which acknowledges it on that connection.
-func (p *pahoSource) onPublish(c *bufferedConn, topic []byte, qos byte, retained, dup bool, id uint16, payload []byte) {
-	rec := p.in.classify(string(topic), qos, retained, dup, bytes.Clone(payload))
+func (p *pahoSource) onPublish(c *bufferedConn, topic []byte, qos byte, retained, dup bool, id uint16, payload []byte, size int) {
+	rec := p.in.classify(string(topic), qos, retained, dup, bytes.Clone(payload), size)
 	var ack acker
 	if qos == 1 {
 		ack = &pubackTo{conn: c, id: id}
@@ -144,7 +144,7 @@ func (p *pahoSource) onPublish(c *bufferedConn, topic []byte, qos byte, retained
 // onMessage hands a message paho received to the committer: QoS2 messages,
 // and everything from a WebSocket broker.
 func (p *pahoSource) onMessage(_ paho.Client, m paho.Message) {
-	rec := p.in.classify(m.Topic(), m.Qos(), m.Retained(), m.Duplicate(), m.Payload())
+	rec := p.in.classify(m.Topic(), m.Qos(), m.Retained(), m.Duplicate(), m.Payload(), len(m.Payload()))
 	var ack acker // a nil interface for QoS0, not a nil paho.Message
 	if m.Qos() > 0 {
 		ack = m
