@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	paho "github.com/eclipse/paho.mqtt.golang"
@@ -42,8 +43,16 @@ type bufferedConn struct {
 	// read past, so one huge message costs no memory (it is dead-lettered
 	// with the prefix anyway).
 	maxPayload int
-	pass       []byte // what is left of a packet paho is reading
-	passBuf    []byte
+	// connack, when set, is told the session-present flag of an accepted
+	// CONNACK passing to paho (paho does not tell it on reconnects).
+	connack func(sessionPresent bool)
+	pass    []byte // what is left of a packet paho is reading
+	passBuf []byte
+
+	// dropped is why drop closed the connection: what reads return, since
+	// paho takes a "closed connection" read error for a disconnect of its
+	// own and would not reconnect.
+	dropped atomic.Pointer[error]
 
 	mu     sync.Mutex
 	w      []byte
@@ -64,11 +73,12 @@ const oversizedPrefix = 256
 
 func (c *bufferedConn) Read(p []byte) (int, error) {
 	if c.publish == nil {
-		return c.r.Read(p)
+		n, err := c.r.Read(p)
+		return n, c.readErr(err)
 	}
 	for len(c.pass) == 0 {
 		if err := c.nextPacket(); err != nil {
-			return 0, err
+			return 0, c.readErr(err)
 		}
 	}
 	n := copy(p, c.pass)
@@ -113,6 +123,9 @@ func (c *bufferedConn) nextPacket() error {
 			return err
 		}
 		c.pass = c.passBuf
+		if body := c.passBuf[len(c.passBuf)-n:]; h>>4 == 2 && n >= 2 && body[1] == 0 && c.connack != nil {
+			c.connack(body[0]&1 == 1)
+		}
 		return nil
 	}
 	if n > c.r.Size() {
@@ -202,6 +215,19 @@ func (c *bufferedConn) dispatch(h byte, body []byte, size int) error {
 	return nil
 }
 
+// drop closes the connection for why, which its reads then return.
+func (c *bufferedConn) drop(why error) {
+	c.dropped.Store(&why)
+	c.Close()
+}
+
+func (c *bufferedConn) readErr(err error) error {
+	if d := c.dropped.Load(); d != nil && err != nil {
+		return fmt.Errorf("connection dropped: %w", *d)
+	}
+	return err
+}
+
 func (c *bufferedConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -277,10 +303,19 @@ func (c *bufferedConn) Close() error {
 	return c.Conn.Close()
 }
 
+// connOptions are what a bufferedConn is opened with: its publish,
+// maxPayload and connack, and opened, told of each new connection.
+type connOptions struct {
+	publish    publishFunc
+	maxPayload int
+	connack    func(sessionPresent bool)
+	opened     func(*bufferedConn)
+}
+
 // bufferedDial opens plain TCP and TLS broker connections for paho through
 // a bufferedConn that hands PUBLISH packets to publish. WebSocket URLs are
 // left to paho (ok is false).
-func bufferedDial(scheme string, publish publishFunc, maxPayload int) (paho.OpenConnectionFunc, bool) {
+func bufferedDial(scheme string, co connOptions) (paho.OpenConnectionFunc, bool) {
 	switch scheme {
 	case "tcp", "mqtt", "ssl", "tls", "mqtts", "tcps":
 	default:
@@ -299,6 +334,10 @@ func bufferedDial(scheme string, publish publishFunc, maxPayload int) (paho.Open
 		if err != nil {
 			return nil, err
 		}
-		return &bufferedConn{Conn: c, r: bufio.NewReaderSize(c, 32<<10), publish: publish, maxPayload: maxPayload}, nil
+		bc := &bufferedConn{Conn: c, r: bufio.NewReaderSize(c, 32<<10), publish: co.publish, maxPayload: co.maxPayload, connack: co.connack}
+		if co.opened != nil {
+			co.opened(bc)
+		}
+		return bc, nil
 	}, true
 }

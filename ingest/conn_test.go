@@ -6,9 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/eclipse/paho.mqtt.golang/packets"
+
+	"github.com/edgeagent/edgeagent/buffer"
+	"github.com/edgeagent/edgeagent/testrig/mqtttest"
 )
 
 type published struct {
@@ -167,4 +174,49 @@ func FuzzConnStream(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A broker that never answers a SUBSCRIBE: the agent drops the connection
+// and subscribes again on a new one, instead of waiting connected and
+// subscribed to nothing.
+func TestSubscribeTimeoutReconnects(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var subscribes atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				for {
+					p, err := packets.ReadPacket(c)
+					if err != nil {
+						return
+					}
+					switch p.(type) {
+					case *packets.ConnectPacket:
+						if _, err := c.Write([]byte{0x20, 0x02, 0x00, 0x00}); err != nil {
+							return
+						}
+					case *packets.SubscribePacket:
+						subscribes.Add(1) // never answered
+					}
+				}
+			}()
+		}
+	}()
+	logs := &logBuffer{}
+	cfg := testConfig(t, "tcp://"+ln.Addr().String(), "edgeagent-nosuback", logs)
+	cfg.ConnectTimeout = 300 * time.Millisecond
+	startIngester(t, openBronze(t, buffer.Options{}), cfg)
+	mqtttest.WaitFor(t, 20*time.Second, "a SUBSCRIBE on a second connection", func() bool { return subscribes.Load() >= 2 })
+	if !strings.Contains(logs.String(), "subscribe timed out; reconnecting") {
+		t.Errorf("no log of the timeout:\n%s", logs.String())
+	}
 }

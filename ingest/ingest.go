@@ -55,6 +55,10 @@ type Config struct {
 	ConnectTimeout           time.Duration
 	ReconnectMax             time.Duration
 	Subscriptions            []Subscription
+	// Resuming says Bronze already holds messages of an earlier run, so
+	// the broker should have kept the agent's session: a first connect
+	// without one is a lost session, not a first start.
+	Resuming bool
 
 	CommitInterval   time.Duration
 	MaxCommitRecords int

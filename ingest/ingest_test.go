@@ -15,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	mochi "github.com/mochi-mqtt/server/v2"
+	mpackets "github.com/mochi-mqtt/server/v2/packets"
+
 	"github.com/edgeagent/edgeagent/buffer"
 	"github.com/edgeagent/edgeagent/internal/topic"
 	"github.com/edgeagent/edgeagent/testrig/mqtttest"
@@ -518,4 +521,65 @@ func TestConnectFailureIsLogged(t *testing.T) {
 		s := logs.String()
 		return strings.Contains(s, "broker connect failed; retrying") && strings.Contains(s, "refused")
 	})
+}
+
+// A broker that comes back without the agent's session (no persistence)
+// has lost what it queued for the agent: the reconnect says so, counted.
+// A first start with an empty Bronze has no session to lose; a first
+// start over an earlier run's Bronze has.
+func TestLostSessionIsWarned(t *testing.T) {
+	mosq := mqtttest.StartMosquitto(t, "")
+	b := openBronze(t, buffer.Options{})
+	logs := &logBuffer{}
+	in := startIngester(t, b, testConfig(t, mosq.URL(), "edgeagent-session", logs))
+	mqtttest.WaitFor(t, 10*time.Second, "connected", in.Connected)
+	if n := in.Stats().SessionsLost.Load(); n != 0 {
+		t.Fatalf("first start: %d sessions lost, want 0", n)
+	}
+	// The broker keeps the session across a restart with persistence.
+	mosq.Stop()
+	mosq.Start()
+	mqtttest.WaitFor(t, 30*time.Second, "reconnected", func() bool { return in.Connected() && in.Stats().Reconnects.Load() == 1 })
+	if n := in.Stats().SessionsLost.Load(); n != 0 {
+		t.Fatalf("a restart that kept the session counted %d lost", n)
+	}
+	mosq.Stop()
+	mosq.ForgetSessions()
+	mosq.Start()
+	mqtttest.WaitFor(t, 30*time.Second, "the lost session counted", func() bool { return in.Stats().SessionsLost.Load() == 1 })
+	if !strings.Contains(logs.String(), "the broker had no session for the agent") {
+		t.Errorf("no warning about the lost session:\n%s", logs.String())
+	}
+
+	// A new agent over the same Bronze expects its session back.
+	b2 := openBronze(t, buffer.Options{})
+	cfg := testConfig(t, mosq.URL(), "edgeagent-resuming", nil)
+	cfg.Resuming = true
+	in2 := startIngester(t, b2, cfg)
+	mqtttest.WaitFor(t, 10*time.Second, "a resuming start without a session counted", func() bool { return in2.Stats().SessionsLost.Load() == 1 })
+}
+
+// denyReading is a mochi hook that lets every client connect and publish
+// but subscribe to nothing, as a broker's ACL can.
+type denyReading struct{ mochi.HookBase }
+
+func (denyReading) ID() string { return "deny-reading" }
+func (denyReading) Provides(b byte) bool {
+	return b == mochi.OnConnectAuthenticate || b == mochi.OnACLCheck
+}
+func (denyReading) OnConnectAuthenticate(*mochi.Client, mpackets.Packet) bool { return true }
+func (denyReading) OnACLCheck(_ *mochi.Client, _ string, write bool) bool     { return write }
+
+// A subscription the broker refuses (an ACL; mosquitto 2.0 grants it and
+// delivers nothing, mochi answers 0x80) is an error that stays visible,
+// not a connected agent that silently receives nothing.
+func TestRefusedSubscriptionIsReported(t *testing.T) {
+	url := mqtttest.StartMochiWith(t, new(denyReading))
+	b := openBronze(t, buffer.Options{})
+	logs := &logBuffer{}
+	in := startIngester(t, b, testConfig(t, url, "edgeagent-acl", logs))
+	mqtttest.WaitFor(t, 10*time.Second, "the refusal recorded", func() bool { return strings.Contains(in.Stats().SubscribeError(), "refused") })
+	if !strings.Contains(in.Stats().SubscribeError(), "sensors/+/telemetry") || !strings.Contains(logs.String(), "the broker refused a subscription") {
+		t.Errorf("subscribe error %q, log:\n%s", in.Stats().SubscribeError(), logs.String())
+	}
 }
