@@ -2,6 +2,8 @@ package scenario
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -131,5 +133,53 @@ func TestLookupUnknown(t *testing.T) {
 	_, err := Lookup("no-such-scenario")
 	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "steady") {
 		t.Fatalf("err = %v, want ErrNotFound listing the stock scenarios", err)
+	}
+}
+
+// TestInvalidFiles parses each file of testdata/invalid: every problem it
+// holds must be refused with ErrInvalid, and each "# want:" comment must be
+// the end of a "FILE:LINE: key: message" prefix of an error line.
+func TestInvalidFiles(t *testing.T) {
+	files, err := filepath.Glob("testdata/invalid/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no test files: %v", err)
+	}
+	for _, path := range files {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			data, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var wants []string
+			for _, line := range strings.Split(string(data), "\n") {
+				if w, ok := strings.CutPrefix(line, "# want: "); ok {
+					wants = append(wants, path+w)
+				}
+			}
+			if len(wants) == 0 {
+				t.Fatal("no # want: line")
+			}
+			_, err = Load(path)
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("err = %v, want ErrInvalid", err)
+			}
+			var errs *Errors
+			if !errors.As(err, &errs) {
+				t.Fatalf("err is %T, want *Errors", err)
+			}
+			lines := strings.Split(err.Error(), "\n")
+			if len(lines) != len(wants) {
+				t.Errorf("%d problems, want %d:\n%v", len(lines), len(wants), err)
+			}
+			for _, w := range wants {
+				found := false
+				for _, l := range lines {
+					found = found || strings.HasPrefix(l, w)
+				}
+				if !found {
+					t.Errorf("no error line starts with\n  %s\ngot:\n%v", w, err)
+				}
+			}
+		})
 	}
 }
