@@ -183,3 +183,29 @@ func TestInvalidFiles(t *testing.T) {
 		})
 	}
 }
+
+// TestFaultOverlap: faults on one component must be FaultGap apart;
+// faults on different components may overlap.
+func TestFaultOverlap(t *testing.T) {
+	base := "name: t\nduration: 10s\ndevices:\n  - {prefix: a, count: 1, format: json, interval: 5s, metrics: [x]}\nfaults:\n"
+	cases := []struct {
+		faults string
+		ok     bool
+	}{
+		{"  - {at: 1s, kind: agent_kill, for: 1s}\n  - {at: 3s, kind: agent_kill, for: 1s}\n", true},
+		{"  - {at: 1s, kind: agent_kill, for: 1s}\n  - {at: 2500ms, kind: agent_restart, for: 1s}\n", false},
+		{"  - {at: 5s, kind: agent_kill, for: 0s}\n  - {at: 5s, kind: agent_kill, for: 0s}\n", false},
+		{"  - {at: 4s, kind: agent_kill, for: 3s}\n  - {at: 1s, kind: agent_kill, for: 1s}\n", true},
+		{"  - {at: 1s, kind: agent_kill, for: 3s}\n  - {at: 2s, kind: broker_restart, for: 1s}\n  - {at: 2s, kind: uplink_cut, for: 3s}\n", true},
+		{"  - {at: 1s, kind: uplink_cut, for: 3s}\n  - {at: 2s, kind: uplink_drop_acks, for: 1s}\n", false},
+	}
+	for _, c := range cases {
+		_, err := Parse("t.yaml", []byte(base+c.faults))
+		if (err == nil) != c.ok {
+			t.Errorf("faults\n%s: err = %v, want ok %v", c.faults, err, c.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "must not overlap") {
+			t.Errorf("unexpected error %v", err)
+		}
+	}
+}
