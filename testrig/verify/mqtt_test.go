@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	paho "github.com/eclipse/paho.mqtt.golang"
+
 	"github.com/edgeagent/edgeagent/testrig/mqtttest"
 	"github.com/edgeagent/edgeagent/testrig/truth"
 	"github.com/edgeagent/edgeagent/uplink/wire"
@@ -67,5 +69,40 @@ func TestMQTTUplink(t *testing.T) {
 	}
 	if text := strings.Join(r.Problems, "\n"); !strings.Contains(text, "wrong b/t") {
 		t.Fatalf("problems do not name the wrong window:\n%s", text)
+	}
+}
+
+// TestMQTTUplinkFreshSession runs against mosquitto, as an external
+// --uplink-broker would be: a batch queued for the verifier's client id by
+// an earlier run is not counted, and a batch published while the verifier
+// is connected arrives.
+func TestMQTTUplinkFreshSession(t *testing.T) {
+	m := mqtttest.StartMosquitto(t, "")
+	const id = "verify-fresh"
+	// An earlier run's session: subscribed, then gone, with a batch queued.
+	old := paho.NewClient(paho.NewClientOptions().AddBroker(m.URL()).SetClientID(id).SetCleanSession(false))
+	if tok := old.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("connect: %v", tok.Error())
+	}
+	if tok := old.Subscribe(mqttTopic, 1, nil); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("subscribe: %v", tok.Error())
+	}
+	old.Disconnect(100)
+	pub := mqtttest.NewPublisher(t, m.URL(), "agent-uplink")
+	pub.Publish(t, mqttTopic, 1, body(t, "stale", wire.EncodingZstd, agg("s", "t", 0, 1, 1)))
+
+	v, err := StartMQTT(MQTTConfig{Broker: m.URL(), Topic: mqttTopic, ClientID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { v.Close() })
+	pub.Publish(t, mqttTopic, 1, body(t, "new", wire.EncodingZstd, agg("a", "t", 0, 1, 1)))
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := v.WaitDrained(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p := v.Progress(); p.Messages != 1 || p.Windows != 1 {
+		t.Fatalf("progress %+v, want only the new batch", p)
 	}
 }
