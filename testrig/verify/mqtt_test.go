@@ -1,7 +1,6 @@
 package verify
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -46,11 +45,7 @@ func TestMQTTUplink(t *testing.T) {
 		b2, // a redelivery
 		[]byte("not a batch"),
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	if err := v.WaitDrained(ctx); err != nil {
-		t.Fatal(err)
-	}
+	drain(t, v)
 	exp := &truth.Expected{Windows: map[truth.Key]*truth.Window{
 		{Device: "a", Metric: "t", Start: 0}:      window(1, 2),
 		{Device: "a", Metric: "t", Start: 60_000}: window(3, 4, 5),
@@ -97,11 +92,7 @@ func TestMQTTUplinkFreshSession(t *testing.T) {
 	}
 	t.Cleanup(func() { v.Close() })
 	pub.Publish(t, mqttTopic, 1, body(t, "new", wire.EncodingZstd, agg("a", "t", 0, 1, 1)))
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	if err := v.WaitDrained(ctx); err != nil {
-		t.Fatal(err)
-	}
+	drain(t, v)
 	if p := v.Progress(); p.Messages != 1 || p.Windows != 1 {
 		t.Fatalf("progress %+v, want only the new batch", p)
 	}
