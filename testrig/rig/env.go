@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"path/filepath"
 	"sync"
@@ -41,6 +40,9 @@ type envConfig struct {
 	// mosquitto prefers a persistent mosquitto over mochi (broker
 	// restarts); requireMosquitto makes its absence an error.
 	mosquitto, requireMosquitto bool
+	// uplink is UplinkNATS ("" too) or UplinkMQTT; uplinkBroker an
+	// external MQTT uplink broker ("" starts an in-process one).
+	uplink, uplinkBroker string
 	// embedded makes the agent run its own broker.
 	embedded bool
 	// tmpfsBytes > 0 puts data_dir on a tmpfs of that size (disk_full).
@@ -58,11 +60,15 @@ type env struct {
 	mochi      *servers.Mochi // the in-process mochi, when it is the broker
 	nats       *servers.NATS  // nil when external
 	natsURL    string
-	proxy      *faultproxy.Proxy
-	verifier   *verify.Verifier
-	agent      *agentproc.Process
-	statusAddr string
-	configPath string
+	// uplinkMochi is the in-process MQTT uplink broker (--uplink mqtt);
+	// uplinkName says what carries the uplink, for the report.
+	uplinkMochi *servers.Mochi
+	uplinkName  string
+	proxy       *faultproxy.Proxy
+	verifier    *verify.Verifier
+	agent       *agentproc.Process
+	statusAddr  string
+	configPath  string
 	// tmpfs is true when data_dir is a tmpfs the rig mounted; tmpfsNote
 	// says why not when one was wanted.
 	tmpfs     bool
@@ -131,36 +137,16 @@ func newEnv(ctx context.Context, cfg envConfig) (_ *env, err error) {
 		e.broker, e.mochi, e.brokerURL, e.brokerName = m, m, m.URL(), m.Name()
 		m.CountAcksFrom(ClientID)
 	}
-	natsAddr := ""
-	if cfg.nats != "" {
-		u, err := url.Parse(cfg.nats)
-		if err != nil || u.Host == "" {
-			return nil, fmt.Errorf("rig: --nats %q: want nats://host:port", cfg.nats)
-		}
-		e.natsURL, natsAddr = cfg.nats, u.Host
-	} else {
-		n, err := servers.StartNATS(filepath.Join(cfg.dir, "nats"))
-		if err != nil {
-			return nil, err
-		}
-		e.nats, e.natsURL, natsAddr = n, n.URL(), n.Addr()
-	}
-	sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	if err := servers.CreateStream(sctx, e.natsURL, Stream, []string{Subject}); err != nil {
-		return nil, err
-	}
-	if e.proxy, err = faultproxy.New(natsAddr); err != nil {
-		return nil, err
-	}
-	if e.verifier, err = verify.Start(ctx, verify.Config{URL: e.natsURL, Stream: Stream, Subject: Subject}); err != nil {
+	uplinkURL, err := e.startUplink(ctx)
+	if err != nil {
 		return nil, err
 	}
 	if e.statusAddr, err = servers.FreeAddr(); err != nil {
 		return nil, err
 	}
 	ac := agentConfig{DataDir: e.dataDir, Broker: e.brokerURL, StatusListen: e.statusAddr,
-		NATS: "nats://" + e.proxy.Addr(), Agent: cfg.agent}
+		Agent: cfg.agent}
+	ac.setUplink(cfg.uplink, uplinkURL)
 	if cfg.embedded {
 		ac.Broker, ac.EmbeddedListen = "", e.brokerURL[len("tcp://"):]
 	}
@@ -250,6 +236,9 @@ func (e *env) close() {
 		}
 		if e.nats != nil {
 			e.nats.Close()
+		}
+		if e.uplinkMochi != nil {
+			e.uplinkMochi.Close()
 		}
 		if e.tmpfs {
 			if err := syscall.Unmount(e.dataDir, 0); err != nil {

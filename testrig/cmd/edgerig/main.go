@@ -36,7 +36,7 @@ func main() {
 // Synopses, one per subcommand: the top-level usage and each subcommand's
 // --help share them, so the two cannot drift apart.
 const (
-	synRun  = "edgerig run [--agent PATH] [--short] [--json FILE] [--dir DIR] [--keep] [--broker mochi|mosquitto] [--mqtt URL] [--nats URL] [--quiet] SCENARIO"
+	synRun  = "edgerig run [--agent PATH] [--short] [--json FILE] [--dir DIR] [--keep] [--broker mochi|mosquitto] [--mqtt URL] [--nats URL] [--uplink nats|mqtt] [--uplink-broker URL] [--quiet] SCENARIO"
 	synDemo = "edgerig demo [--agent PATH] [--duration D] [--devices N] [--dir DIR] [--json FILE]"
 	synLoad = "edgerig load [--agent PATH] [--devices N] [--duration D] [--connections N] [--reading-interval D] [--json FILE] [--dir DIR] [--mqtt URL | --embedded]"
 )
@@ -134,6 +134,8 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	mqtt := fs.String("mqtt", "", "use this external MQTT broker `URL` instead of an in-process one")
 	nats := fs.String("nats", "", "use this external NATS `URL` (with JetStream) instead of an in-process one")
 	broker := fs.String("broker", "", "in-process broker: mochi or mosquitto (default: mosquitto when the scenario restarts the broker or the agent and mosquitto is installed, else mochi)")
+	uplink := fs.String("uplink", rig.UplinkNATS, "the agent's uplink: nats (JetStream) or mqtt (a broker of its own)")
+	uplinkBroker := fs.String("uplink-broker", "", "with --uplink mqtt: this external MQTT broker `URL` instead of an in-process one")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -158,8 +160,13 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *quiet {
 		progress = nil
 	}
-	rep, err := rig.Run(ctx, rig.Options{Agent: *agent, Scenario: sc, Short: *short, Dir: *dir, Keep: *keep,
-		MQTT: *mqtt, NATS: *nats, Broker: *broker, Progress: progress})
+	opts := rig.Options{Agent: *agent, Scenario: sc, Short: *short, Dir: *dir, Keep: *keep,
+		MQTT: *mqtt, NATS: *nats, Broker: *broker, Uplink: *uplink, UplinkBroker: *uplinkBroker, Progress: progress}
+	if err := rig.CheckUplink(opts); err != nil {
+		fmt.Fprintf(stderr, "edgerig run: %v\n", err)
+		return exitUsage
+	}
+	rep, err := rig.Run(ctx, opts)
 	if err != nil {
 		fmt.Fprintf(stderr, "edgerig run: %v\n", err)
 		return exitError
