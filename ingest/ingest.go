@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -242,7 +243,13 @@ func (in *Ingester) classify(topicName string, qos byte, retained, dup bool, pay
 		return reject(ReasonOversized, fmt.Sprintf("payload is %d bytes, max_payload_bytes is %d", max(size, len(payload)), in.cfg.MaxPayloadBytes))
 	}
 	if !in.matches(topicName) {
-		return reject(ReasonNoTemplate, "topic matches no subscription template")
+		detail := "topic matches no subscription template"
+		if strings.HasPrefix(topicName, "/") || strings.HasSuffix(topicName, "/") || strings.Contains(topicName, "//") {
+			// The broker's + matches an empty level; {device} and
+			// {metric} do not.
+			detail += " (it has an empty level, and a {device} or {metric} level cannot be empty)"
+		}
+		return reject(ReasonNoTemplate, detail)
 	}
 	if in.maxRecordBytes > 0 {
 		if n := int64(buffer.StoredSize(&rec)); n > in.maxRecordBytes {

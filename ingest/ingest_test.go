@@ -287,13 +287,14 @@ func TestRejectedMessagesAreKeptWithReason(t *testing.T) {
 
 	// Topics the broker can deliver but no template explains, and invalid
 	// UTF-8, are classified the same way.
-	for _, c := range []struct{ topic, reason string }{
-		{"sensors/d1/other", ReasonNoTemplate},
-		{"sensors/\xff/telemetry", ReasonBadTopic},
+	for _, c := range []struct{ topic, reason, detail string }{
+		{"sensors/d1/other", ReasonNoTemplate, "topic matches no subscription template"},
+		{"sensors//telemetry", ReasonNoTemplate, "it has an empty level"},
+		{"sensors/\xff/telemetry", ReasonBadTopic, "not valid UTF-8"},
 	} {
 		r := in.classify(c.topic, 1, false, false, []byte("{}"), 2)
-		if r.Kind != buffer.KindRejected || !strings.HasPrefix(r.Reason, c.reason) {
-			t.Errorf("classify(%q) = %v %q, want rejected %s", c.topic, r.Kind, r.Reason, c.reason)
+		if r.Kind != buffer.KindRejected || !strings.HasPrefix(r.Reason, c.reason) || !strings.Contains(r.Reason, c.detail) {
+			t.Errorf("classify(%q) = %v %q, want rejected %s (%s)", c.topic, r.Kind, r.Reason, c.reason, c.detail)
 		}
 	}
 }
