@@ -85,10 +85,17 @@ type Stats struct {
 	// connected client whose write queue (mqtt.embedded.max_pending_writes)
 	// was full.
 	BrokerDropped atomic.Uint64
+	// SessionsLost counts connects on which the broker had no session for
+	// the agent where it should have kept one: what it had queued for the
+	// agent is gone.
+	SessionsLost atomic.Uint64
 
-	mu       sync.Mutex
-	rejected map[string]uint64
-	lastErr  string // commit or connection
+	mu sync.Mutex
+	// subscribeErr says which subscriptions the broker refused or
+	// downgraded on the last connect, "" when it granted them all.
+	subscribeErr string
+	rejected     map[string]uint64
+	lastErr      string // commit or connection
 	// lastCommitErr is the error of the commits failing now (CommitFailing).
 	lastCommitErr string
 }
@@ -130,6 +137,20 @@ func (s *Stats) LastError() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.lastErr
+}
+
+// SubscribeError says which subscriptions the broker refused or granted
+// at a lower QoS on the last connect, "" when it granted them all.
+func (s *Stats) SubscribeError() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.subscribeErr
+}
+
+func (s *Stats) setSubscribeErr(msg string) {
+	s.mu.Lock()
+	s.subscribeErr = msg
+	s.mu.Unlock()
 }
 
 // LastCommitError is why Bronze commits are failing, "" while they are not.

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	paho "github.com/eclipse/paho.mqtt.golang"
@@ -37,8 +38,21 @@ type bufferedConn struct {
 	r *bufio.Reader
 
 	publish publishFunc
+	// maxPayload (max_payload_bytes; 0: no bound) is the largest payload
+	// read whole: of a larger one only a prefix is kept and the rest is
+	// read past, so one huge message costs no memory (it is dead-lettered
+	// with the prefix anyway).
+	maxPayload int
+	// connack, when set, is told the session-present flag of an accepted
+	// CONNACK passing to paho (paho does not tell it on reconnects).
+	connack func(sessionPresent bool)
 	pass    []byte // what is left of a packet paho is reading
 	passBuf []byte
+
+	// dropped is why drop closed the connection: what reads return, since
+	// paho takes a "closed connection" read error for a disconnect of its
+	// own and would not reconnect.
+	dropped atomic.Pointer[error]
 
 	mu     sync.Mutex
 	w      []byte
@@ -49,16 +63,22 @@ type bufferedConn struct {
 
 // publishFunc receives a PUBLISH taken out of the stream: id is its packet
 // id (0 for QoS0), to acknowledge with c.puback once it is durable. topic
-// and payload are only valid during the call.
-type publishFunc func(c *bufferedConn, topic []byte, qos byte, retained, dup bool, id uint16, payload []byte)
+// and payload are only valid during the call. size is the payload's length
+// on the wire: more than len(payload) when only a prefix was kept.
+type publishFunc func(c *bufferedConn, topic []byte, qos byte, retained, dup bool, id uint16, payload []byte, size int)
+
+// oversizedPrefix is how much of a payload over maxPayload is kept: what a
+// rejected record stores.
+const oversizedPrefix = 256
 
 func (c *bufferedConn) Read(p []byte) (int, error) {
 	if c.publish == nil {
-		return c.r.Read(p)
+		n, err := c.r.Read(p)
+		return n, c.readErr(err)
 	}
 	for len(c.pass) == 0 {
 		if err := c.nextPacket(); err != nil {
-			return 0, err
+			return 0, c.readErr(err)
 		}
 	}
 	n := copy(p, c.pass)
@@ -103,24 +123,54 @@ func (c *bufferedConn) nextPacket() error {
 			return err
 		}
 		c.pass = c.passBuf
+		if body := c.passBuf[len(c.passBuf)-n:]; h>>4 == 2 && n >= 2 && body[1] == 0 && c.connack != nil {
+			c.connack(body[0]&1 == 1)
+		}
 		return nil
 	}
 	if n > c.r.Size() {
-		body, err := appendN(nil, c.r, n)
-		if err != nil {
-			return err
-		}
-		return c.dispatch(h, body)
+		return c.readLargePublish(h, n)
 	}
 	body, err := c.r.Peek(n) // no copy: publish copies what it keeps
 	if err != nil {
 		return err
 	}
-	if err := c.dispatch(h, body); err != nil {
+	if err := c.dispatch(h, body, -1); err != nil {
 		return err
 	}
 	_, err = c.r.Discard(n)
 	return err
+}
+
+// readLargePublish reads a QoS0/1 PUBLISH of n bytes that does not fit
+// the read buffer. A payload over maxPayload is not read into memory: its
+// prefix is kept and the rest discarded as it streams in.
+func (c *bufferedConn) readLargePublish(h byte, n int) error {
+	head := 2 // topic length
+	if h>>1&3 == 1 {
+		head += 2 // packet id
+	}
+	body, err := appendN(nil, c.r, min(n, 2))
+	if err != nil {
+		return err
+	}
+	if len(body) == 2 {
+		head += int(body[0])<<8 | int(body[1])
+	}
+	if c.maxPayload <= 0 || n-head <= c.maxPayload {
+		if body, err = appendN(body, c.r, n-len(body)); err != nil {
+			return err
+		}
+		return c.dispatch(h, body, n-head)
+	}
+	keep := min(n, head+oversizedPrefix) // the topic and id, then the payload's prefix
+	if body, err = appendN(body, c.r, keep-len(body)); err != nil {
+		return err
+	}
+	if _, err := c.r.Discard(n - keep); err != nil {
+		return err
+	}
+	return c.dispatch(h, body, n-head)
 }
 
 // appendN appends the next n bytes of r to b. It grows b as the bytes
@@ -138,8 +188,9 @@ func appendN(b []byte, r io.Reader, n int) ([]byte, error) {
 	return b, nil
 }
 
-// dispatch parses a QoS0/1 PUBLISH's body and hands it to publish.
-func (c *bufferedConn) dispatch(h byte, body []byte) error {
+// dispatch parses a QoS0/1 PUBLISH's body and hands it to publish; size is
+// the payload's length on the wire, -1 for the payload's own.
+func (c *bufferedConn) dispatch(h byte, body []byte, size int) error {
 	n, qos := len(body), h>>1&3
 	if len(body) < 2 {
 		return fmt.Errorf("%w: PUBLISH of %d bytes", errMalformed, n)
@@ -157,8 +208,24 @@ func (c *bufferedConn) dispatch(h byte, body []byte) error {
 		}
 		id, rest = uint16(rest[0])<<8|uint16(rest[1]), rest[2:]
 	}
-	c.publish(c, topic, qos, h&1 == 1, h&8 != 0, id, rest)
+	if size < 0 {
+		size = len(rest)
+	}
+	c.publish(c, topic, qos, h&1 == 1, h&8 != 0, id, rest, size)
 	return nil
+}
+
+// drop closes the connection for why, which its reads then return.
+func (c *bufferedConn) drop(why error) {
+	c.dropped.Store(&why)
+	c.Close()
+}
+
+func (c *bufferedConn) readErr(err error) error {
+	if d := c.dropped.Load(); d != nil && err != nil {
+		return fmt.Errorf("connection dropped: %w", *d)
+	}
+	return err
 }
 
 func (c *bufferedConn) Write(p []byte) (int, error) {
@@ -236,10 +303,19 @@ func (c *bufferedConn) Close() error {
 	return c.Conn.Close()
 }
 
+// connOptions are what a bufferedConn is opened with: its publish,
+// maxPayload and connack, and opened, told of each new connection.
+type connOptions struct {
+	publish    publishFunc
+	maxPayload int
+	connack    func(sessionPresent bool)
+	opened     func(*bufferedConn)
+}
+
 // bufferedDial opens plain TCP and TLS broker connections for paho through
 // a bufferedConn that hands PUBLISH packets to publish. WebSocket URLs are
 // left to paho (ok is false).
-func bufferedDial(scheme string, publish publishFunc) (paho.OpenConnectionFunc, bool) {
+func bufferedDial(scheme string, co connOptions) (paho.OpenConnectionFunc, bool) {
 	switch scheme {
 	case "tcp", "mqtt", "ssl", "tls", "mqtts", "tcps":
 	default:
@@ -258,6 +334,10 @@ func bufferedDial(scheme string, publish publishFunc) (paho.OpenConnectionFunc, 
 		if err != nil {
 			return nil, err
 		}
-		return &bufferedConn{Conn: c, r: bufio.NewReaderSize(c, 32<<10), publish: publish}, nil
+		bc := &bufferedConn{Conn: c, r: bufio.NewReaderSize(c, 32<<10), publish: co.publish, maxPayload: co.maxPayload, connack: co.connack}
+		if co.opened != nil {
+			co.opened(bc)
+		}
+		return bc, nil
 	}, true
 }

@@ -6,9 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/eclipse/paho.mqtt.golang/packets"
+
+	"github.com/edgeagent/edgeagent/buffer"
+	"github.com/edgeagent/edgeagent/testrig/mqtttest"
 )
 
 type published struct {
@@ -24,7 +31,7 @@ type published struct {
 func filteredStream(stream []byte, bufSize int, got *[]published) *bufferedConn {
 	return &bufferedConn{
 		r: bufio.NewReaderSize(bytes.NewReader(stream), bufSize),
-		publish: func(_ *bufferedConn, topic []byte, qos byte, retained, dup bool, id uint16, payload []byte) {
+		publish: func(_ *bufferedConn, topic []byte, qos byte, retained, dup bool, id uint16, payload []byte, _ int) {
 			*got = append(*got, published{string(topic), qos, retained, dup, id, string(payload)})
 		},
 	}
@@ -96,6 +103,37 @@ func TestConnTakesPublishesOutOfPahosStream(t *testing.T) {
 	}
 }
 
+// A payload over maxPayload is not read into memory: a prefix is kept, the
+// rest is read past, the size on the wire is reported, and the packets
+// after it come through intact.
+func TestConnKeepsOnlyAPrefixOfAnOversizedPayload(t *testing.T) {
+	huge := bytes.Repeat([]byte("x"), 8<<20)
+	var stream bytes.Buffer
+	encodePacket(t, &stream, publishPacket("sensors/big/telemetry", 1, false, false, 5, huge))
+	encodePacket(t, &stream, publishPacket("sensors/small/telemetry", 1, false, false, 6, []byte(`{"v":1}`)))
+	encodePacket(t, &stream, publishPacket("sensors/limit/telemetry", 0, false, false, 0, huge[:40<<10]))
+	var got []published
+	var sizes []int
+	c := &bufferedConn{
+		r:          bufio.NewReaderSize(bytes.NewReader(stream.Bytes()), 32<<10),
+		maxPayload: 40 << 10,
+		publish: func(_ *bufferedConn, topic []byte, qos byte, retained, dup bool, id uint16, payload []byte, size int) {
+			got = append(got, published{string(topic), qos, retained, dup, id, string(payload)})
+			sizes = append(sizes, size)
+		},
+	}
+	if _, err := io.ReadAll(c); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || got[0].topic != "sensors/big/telemetry" || got[0].id != 5 || len(got[0].payload) != oversizedPrefix ||
+		got[1].payload != `{"v":1}` || got[1].id != 6 || len(got[2].payload) != 40<<10 {
+		t.Fatalf("taken out: %d messages, first %q id %d with %d payload bytes", len(got), got[0].topic, got[0].id, len(got[0].payload))
+	}
+	if want := []int{8 << 20, 7, 40 << 10}; fmt.Sprint(sizes) != fmt.Sprint(want) {
+		t.Errorf("sizes %v, want %v", sizes, want)
+	}
+}
+
 // A PUBLISH that breaks MQTT's framing is a read error (paho reconnects),
 // not a panic or a message with bytes from the next packet; one cut short
 // by the connection's end is no message.
@@ -136,4 +174,49 @@ func FuzzConnStream(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A broker that never answers a SUBSCRIBE: the agent drops the connection
+// and subscribes again on a new one, instead of waiting connected and
+// subscribed to nothing.
+func TestSubscribeTimeoutReconnects(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var subscribes atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				for {
+					p, err := packets.ReadPacket(c)
+					if err != nil {
+						return
+					}
+					switch p.(type) {
+					case *packets.ConnectPacket:
+						if _, err := c.Write([]byte{0x20, 0x02, 0x00, 0x00}); err != nil {
+							return
+						}
+					case *packets.SubscribePacket:
+						subscribes.Add(1) // never answered
+					}
+				}
+			}()
+		}
+	}()
+	logs := &logBuffer{}
+	cfg := testConfig(t, "tcp://"+ln.Addr().String(), "edgeagent-nosuback", logs)
+	cfg.ConnectTimeout = 300 * time.Millisecond
+	startIngester(t, openBronze(t, buffer.Options{}), cfg)
+	mqtttest.WaitFor(t, 20*time.Second, "a SUBSCRIBE on a second connection", func() bool { return subscribes.Load() >= 2 })
+	if !strings.Contains(logs.String(), "subscribe timed out; reconnecting") {
+		t.Errorf("no log of the timeout:\n%s", logs.String())
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -45,6 +46,13 @@ func (e *embedded) start(ctx context.Context) error {
 	}
 	caps := mochi.NewDefaultServerCapabilities()
 	caps.MaximumClientWritesPending = int32(cfg.EmbeddedMaxPendingWrites)
+	if cfg.MaxPayloadBytes > 0 {
+		// mochi reads a packet whole before any hook sees it: bound it, or
+		// one huge publish costs its size in memory. A payload up to
+		// embeddedPacketSlack over max_payload_bytes is still taken and
+		// dead-lettered; a larger packet closes the device's connection.
+		caps.MaximumPacketSize = uint32(min(int64(cfg.MaxPayloadBytes)+embeddedPacketSlack, math.MaxUint32))
+	}
 	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: mlog, Capabilities: caps})
 	if err := srv.AddHook(new(allowHook), nil); err != nil {
 		return fmt.Errorf("embedded broker: auth hook: %w", err)
@@ -99,6 +107,10 @@ func (e *embedded) stop() {
 }
 
 func (e *embedded) connected() bool { return e.up.Load() }
+
+// embeddedPacketSlack is what a packet may hold besides its payload: the
+// largest topic, a packet id, MQTT 5 properties.
+const embeddedPacketSlack = 64 << 10
 
 // brokerCloseTimeout bounds the embedded broker's shutdown.
 const brokerCloseTimeout = 10 * time.Second
@@ -258,8 +270,17 @@ func (h *ingestHook) Provides(b byte) bool {
 }
 
 // OnDisconnect forgets the connection's acknowledgement state; what is
-// still queued for it holds its own reference.
-func (h *ingestHook) OnDisconnect(cl *mochi.Client, _ error, _ bool) { h.acks.conns.Delete(cl) }
+// still queued for it holds its own reference. A connection closed for a
+// packet over the size bound is a message rejected for its size, though
+// too large to keep even a prefix of.
+func (h *ingestHook) OnDisconnect(cl *mochi.Client, err error, _ bool) {
+	h.acks.conns.Delete(cl)
+	if errors.Is(err, packets.ErrPacketTooLarge) {
+		h.in.stats.reject(ReasonOversized)
+		h.in.com.log.Warn("embedded broker: closed a client's connection: it sent a packet larger than max_payload_bytes + 64 KiB (counted as payload_too_large; nothing of it is stored)",
+			"client", cl.ID, "remote", cl.Net.Remote, "max_payload_bytes", h.in.cfg.MaxPayloadBytes)
+	}
+}
 
 // OnPublishDropped counts a message mochi dropped because the client's
 // write queue was full: a slow local subscriber, never device data.
@@ -277,7 +298,7 @@ func (h *ingestHook) OnPublish(cl *mochi.Client, pk packets.Packet) (packets.Pac
 		return pk, nil
 	}
 	payload := bytes.Clone(pk.Payload)
-	rec := h.in.classify(pk.TopicName, pk.FixedHeader.Qos, pk.FixedHeader.Retain, pk.FixedHeader.Dup, payload)
+	rec := h.in.classify(pk.TopicName, pk.FixedHeader.Qos, pk.FixedHeader.Retain, pk.FixedHeader.Dup, payload, len(payload))
 	if pk.FixedHeader.Qos == 0 {
 		h.in.handle(rec, nil)
 		return pk, nil

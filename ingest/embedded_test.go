@@ -435,3 +435,36 @@ func TestEmbeddedStuckQoS1SubscriberStopsHoldingPublishes(t *testing.T) {
 		t.Errorf("no warning naming the stuck subscriber:\n%s", logs.String())
 	}
 }
+
+// The built-in broker bounds a packet by max_payload_bytes (plus room for
+// the topic): a payload a little over it is dead-lettered as usual; a huge
+// one closes the sender's connection, counted and logged, without being
+// read into memory, and other devices go on.
+func TestEmbeddedBoundsPacketSize(t *testing.T) {
+	logs := &logBuffer{}
+	b := openBronze(t, buffer.Options{})
+	cfg := embeddedConfig(t, "edgeagent-bound", logs)
+	cfg.MaxPayloadBytes = 4 << 10
+	in := startIngester(t, b, cfg)
+
+	pub := mqtttest.NewPublisher(t, "tcp://"+cfg.Embedded, "device-over")
+	pub.Publish(t, "sensors/d1/telemetry", 1, bytes.Repeat([]byte("x"), 5<<10))
+	if got := in.Stats().Rejected()[ReasonOversized]; got != 1 {
+		t.Fatalf("payload just over the bound: rejected %d, want 1 (dead-lettered)", got)
+	}
+
+	huge := rawClient(t, cfg.Embedded, "device-huge")
+	// A PUBLISH header announcing 64 MiB; the broker must refuse it on the
+	// header, before its body arrives.
+	if _, err := huge.Write([]byte{0x30, 0x80, 0x80, 0x80, 0x20}); err != nil {
+		t.Fatal(err)
+	}
+	mqtttest.WaitFor(t, 10*time.Second, "the huge packet counted", func() bool { return in.Stats().Rejected()[ReasonOversized] == 2 })
+	if !strings.Contains(logs.String(), "larger than max_payload_bytes") || !strings.Contains(logs.String(), "device-huge") {
+		t.Errorf("no warning naming the client:\n%s", logs.String())
+	}
+	pub.Publish(t, "sensors/d2/telemetry", 1, []byte(`{"id":"after"}`))
+	if got := messagesIn(t, b); got[`{"id":"after"}`].Topic != "sensors/d2/telemetry" {
+		t.Fatalf("bronze holds %v, want the later device's message", got)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -55,6 +56,10 @@ type Config struct {
 	ConnectTimeout           time.Duration
 	ReconnectMax             time.Duration
 	Subscriptions            []Subscription
+	// Resuming says Bronze already holds messages of an earlier run, so
+	// the broker should have kept the agent's session: a first connect
+	// without one is a lost session, not a first start.
+	Resuming bool
 
 	CommitInterval   time.Duration
 	MaxCommitRecords int
@@ -207,8 +212,9 @@ func (in *Ingester) Stats() *Stats { return &in.stats }
 func (in *Ingester) Connected() bool { return in.src.connected() }
 
 // classify builds the Bronze record for a received message: a message, or a
-// rejected record carrying the reason.
-func (in *Ingester) classify(topicName string, qos byte, retained, dup bool, payload []byte) buffer.Record {
+// rejected record carrying the reason. size is the payload's length on the
+// wire, more than len(payload) when the connection kept only a prefix.
+func (in *Ingester) classify(topicName string, qos byte, retained, dup bool, payload []byte, size int) buffer.Record {
 	rec := buffer.Record{
 		Kind:       buffer.KindMessage,
 		ReceivedAt: in.cfg.Clock().UnixNano(),
@@ -233,11 +239,17 @@ func (in *Ingester) classify(topicName string, qos byte, retained, dup bool, pay
 		rec.Topic = fmt.Sprintf("%q", topicName)
 		return reject(ReasonBadTopic, "topic is not valid UTF-8")
 	}
-	if in.cfg.MaxPayloadBytes > 0 && len(payload) > in.cfg.MaxPayloadBytes {
-		return reject(ReasonOversized, fmt.Sprintf("payload is %d bytes, max_payload_bytes is %d", len(payload), in.cfg.MaxPayloadBytes))
+	if in.cfg.MaxPayloadBytes > 0 && max(size, len(payload)) > in.cfg.MaxPayloadBytes {
+		return reject(ReasonOversized, fmt.Sprintf("payload is %d bytes, max_payload_bytes is %d", max(size, len(payload)), in.cfg.MaxPayloadBytes))
 	}
 	if !in.matches(topicName) {
-		return reject(ReasonNoTemplate, "topic matches no subscription template")
+		detail := "topic matches no subscription template"
+		if strings.HasPrefix(topicName, "/") || strings.HasSuffix(topicName, "/") || strings.Contains(topicName, "//") {
+			// The broker's + matches an empty level; {device} and
+			// {metric} do not.
+			detail += " (it has an empty level, and a {device} or {metric} level cannot be empty)"
+		}
+		return reject(ReasonNoTemplate, detail)
 	}
 	if in.maxRecordBytes > 0 {
 		if n := int64(buffer.StoredSize(&rec)); n > in.maxRecordBytes {

@@ -15,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	mochi "github.com/mochi-mqtt/server/v2"
+	mpackets "github.com/mochi-mqtt/server/v2/packets"
+
 	"github.com/edgeagent/edgeagent/buffer"
 	"github.com/edgeagent/edgeagent/internal/topic"
 	"github.com/edgeagent/edgeagent/testrig/mqtttest"
@@ -253,39 +256,45 @@ func TestRejectedMessagesAreKeptWithReason(t *testing.T) {
 	pub := mqtttest.NewPublisher(t, url, "device-pub")
 	big := bytes.Repeat([]byte("x"), 5000)
 	pub.Publish(t, "sensors/d1/telemetry", 1, big)
+	// Larger than the connection's read buffer: only its prefix is read in.
+	pub.Publish(t, "sensors/d1/telemetry", 1, bytes.Repeat([]byte("y"), 4<<20))
 	pub.Publish(t, "sensors/d1/telemetry", 1, []byte(`{"id":"after"}`))
-	var rejected *buffer.Record
-	mqtttest.WaitFor(t, 10*time.Second, "both records", func() bool {
+	var rejected []buffer.Record
+	mqtttest.WaitFor(t, 10*time.Second, "three records", func() bool {
 		n := 0
+		rejected = rejected[:0]
 		b.Scan(1, func(r buffer.Record) bool {
 			n++
 			if r.Kind == buffer.KindRejected {
 				r.Payload = bytes.Clone(r.Payload)
-				rejected = &r
+				rejected = append(rejected, r)
 			}
 			return true
 		})
-		return n == 2
+		return n == 3
 	})
-	if rejected == nil || !strings.HasPrefix(rejected.Reason, ReasonOversized) || !strings.Contains(rejected.Reason, "5000 bytes") {
-		t.Fatalf("oversized message not kept as rejected with its reason: %+v", rejected)
+	for i, size := range []string{"5000 bytes", "4194304 bytes"} {
+		if len(rejected) != 2 || !strings.HasPrefix(rejected[i].Reason, ReasonOversized) || !strings.Contains(rejected[i].Reason, size) {
+			t.Fatalf("oversized messages not kept as rejected with their reasons: %+v", rejected)
+		}
+		if len(rejected[i].Payload) == 0 || len(rejected[i].Payload) > 256 {
+			t.Errorf("rejected record keeps %d payload bytes, want a bounded prefix", len(rejected[i].Payload))
+		}
 	}
-	if len(rejected.Payload) > 256 {
-		t.Errorf("rejected record keeps %d payload bytes, want a bounded prefix", len(rejected.Payload))
-	}
-	if got := in.Stats().Rejected()[ReasonOversized]; got != 1 {
-		t.Errorf("rejected[%s] = %d, want 1", ReasonOversized, got)
+	if got := in.Stats().Rejected()[ReasonOversized]; got != 2 {
+		t.Errorf("rejected[%s] = %d, want 2", ReasonOversized, got)
 	}
 
 	// Topics the broker can deliver but no template explains, and invalid
 	// UTF-8, are classified the same way.
-	for _, c := range []struct{ topic, reason string }{
-		{"sensors/d1/other", ReasonNoTemplate},
-		{"sensors/\xff/telemetry", ReasonBadTopic},
+	for _, c := range []struct{ topic, reason, detail string }{
+		{"sensors/d1/other", ReasonNoTemplate, "topic matches no subscription template"},
+		{"sensors//telemetry", ReasonNoTemplate, "it has an empty level"},
+		{"sensors/\xff/telemetry", ReasonBadTopic, "not valid UTF-8"},
 	} {
-		r := in.classify(c.topic, 1, false, false, []byte("{}"))
-		if r.Kind != buffer.KindRejected || !strings.HasPrefix(r.Reason, c.reason) {
-			t.Errorf("classify(%q) = %v %q, want rejected %s", c.topic, r.Kind, r.Reason, c.reason)
+		r := in.classify(c.topic, 1, false, false, []byte("{}"), 2)
+		if r.Kind != buffer.KindRejected || !strings.HasPrefix(r.Reason, c.reason) || !strings.Contains(r.Reason, c.detail) {
+			t.Errorf("classify(%q) = %v %q, want rejected %s (%s)", c.topic, r.Kind, r.Reason, c.reason, c.detail)
 		}
 	}
 }
@@ -513,4 +522,65 @@ func TestConnectFailureIsLogged(t *testing.T) {
 		s := logs.String()
 		return strings.Contains(s, "broker connect failed; retrying") && strings.Contains(s, "refused")
 	})
+}
+
+// A broker that comes back without the agent's session (no persistence)
+// has lost what it queued for the agent: the reconnect says so, counted.
+// A first start with an empty Bronze has no session to lose; a first
+// start over an earlier run's Bronze has.
+func TestLostSessionIsWarned(t *testing.T) {
+	mosq := mqtttest.StartMosquitto(t, "")
+	b := openBronze(t, buffer.Options{})
+	logs := &logBuffer{}
+	in := startIngester(t, b, testConfig(t, mosq.URL(), "edgeagent-session", logs))
+	mqtttest.WaitFor(t, 10*time.Second, "connected", in.Connected)
+	if n := in.Stats().SessionsLost.Load(); n != 0 {
+		t.Fatalf("first start: %d sessions lost, want 0", n)
+	}
+	// The broker keeps the session across a restart with persistence.
+	mosq.Stop()
+	mosq.Start()
+	mqtttest.WaitFor(t, 30*time.Second, "reconnected", func() bool { return in.Connected() && in.Stats().Reconnects.Load() == 1 })
+	if n := in.Stats().SessionsLost.Load(); n != 0 {
+		t.Fatalf("a restart that kept the session counted %d lost", n)
+	}
+	mosq.Stop()
+	mosq.ForgetSessions()
+	mosq.Start()
+	mqtttest.WaitFor(t, 30*time.Second, "the lost session counted", func() bool { return in.Stats().SessionsLost.Load() == 1 })
+	if !strings.Contains(logs.String(), "the broker had no session for the agent") {
+		t.Errorf("no warning about the lost session:\n%s", logs.String())
+	}
+
+	// A new agent over the same Bronze expects its session back.
+	b2 := openBronze(t, buffer.Options{})
+	cfg := testConfig(t, mosq.URL(), "edgeagent-resuming", nil)
+	cfg.Resuming = true
+	in2 := startIngester(t, b2, cfg)
+	mqtttest.WaitFor(t, 10*time.Second, "a resuming start without a session counted", func() bool { return in2.Stats().SessionsLost.Load() == 1 })
+}
+
+// denyReading is a mochi hook that lets every client connect and publish
+// but subscribe to nothing, as a broker's ACL can.
+type denyReading struct{ mochi.HookBase }
+
+func (denyReading) ID() string { return "deny-reading" }
+func (denyReading) Provides(b byte) bool {
+	return b == mochi.OnConnectAuthenticate || b == mochi.OnACLCheck
+}
+func (denyReading) OnConnectAuthenticate(*mochi.Client, mpackets.Packet) bool { return true }
+func (denyReading) OnACLCheck(_ *mochi.Client, _ string, write bool) bool     { return write }
+
+// A subscription the broker refuses (an ACL; mosquitto 2.0 grants it and
+// delivers nothing, mochi answers 0x80) is an error that stays visible,
+// not a connected agent that silently receives nothing.
+func TestRefusedSubscriptionIsReported(t *testing.T) {
+	url := mqtttest.StartMochiWith(t, new(denyReading))
+	b := openBronze(t, buffer.Options{})
+	logs := &logBuffer{}
+	in := startIngester(t, b, testConfig(t, url, "edgeagent-acl", logs))
+	mqtttest.WaitFor(t, 10*time.Second, "the refusal recorded", func() bool { return strings.Contains(in.Stats().SubscribeError(), "refused") })
+	if !strings.Contains(in.Stats().SubscribeError(), "sensors/+/telemetry") || !strings.Contains(logs.String(), "the broker refused a subscription") {
+		t.Errorf("subscribe error %q, log:\n%s", in.Stats().SubscribeError(), logs.String())
+	}
 }

@@ -28,6 +28,13 @@ type pahoSource struct {
 	in     *Ingester
 	client mqttClient
 	up     atomic.Bool
+	// conn is the broker connection in use (nil for WebSocket brokers,
+	// which paho dials itself); sessionPresent is its CONNACK's flag,
+	// sessionKnown whether it was seen.
+	conn           atomic.Pointer[bufferedConn]
+	sessionPresent atomic.Bool
+	sessionKnown   atomic.Bool
+	connects       atomic.Uint64
 }
 
 func (p *pahoSource) start(ctx context.Context) error {
@@ -58,27 +65,59 @@ func (p *pahoSource) start(ctx context.Context) error {
 		if cfg.viaPaho {
 			publish = nil
 		}
-		if dial, ok := bufferedDial(u.Scheme, publish); ok {
+		if dial, ok := bufferedDial(u.Scheme, connOptions{
+			publish: publish, maxPayload: cfg.MaxPayloadBytes,
+			connack: func(present bool) { p.sessionPresent.Store(present); p.sessionKnown.Store(true) },
+			opened: func(c *bufferedConn) {
+				p.sessionKnown.Store(false)
+				p.conn.Store(c)
+			},
+		}); ok {
 			opts.SetCustomOpenConnectionFn(dial)
 		}
 	}
 	opts.SetDefaultPublishHandler(p.onMessage)
 	opts.SetOnConnectHandler(func(c paho.Client) {
+		p.checkSession()
 		// Subscribe on every connect: with a persistent session the broker
 		// usually remembers, but not after it lost its own state.
+		var problems []string
 		for _, s := range cfg.Subscriptions {
 			// No per-filter callback: every message goes to the default
 			// handler, so paho does not split each topic to match routes.
-			tok := c.Subscribe(s.Template.Filter(), s.QoS, nil)
+			filter := s.Template.Filter()
+			tok := c.Subscribe(filter, s.QoS, nil)
 			if !tok.WaitTimeout(cfg.ConnectTimeout) {
-				log.Error("subscribe timed out; reconnecting", "filter", s.Template.Filter())
+				// Nothing arrives on a filter never subscribed: drop the
+				// connection, and paho's reconnect subscribes again.
+				log.Error("subscribe timed out; reconnecting", "filter", filter, "timeout", cfg.ConnectTimeout)
+				err := fmt.Errorf("subscribe to %s timed out", filter)
+				p.in.stats.setErr(err)
+				p.dropConnection(err)
 				return
 			}
 			if err := tok.Error(); err != nil {
-				log.Error("subscribe failed", "filter", s.Template.Filter(), "err", err)
+				log.Error("subscribe failed; reconnecting", "filter", filter, "err", err)
+				err = fmt.Errorf("subscribe to %s: %w", filter, err)
+				p.in.stats.setErr(err)
+				p.dropConnection(err)
 				return
 			}
+			// paho reports a refusal (0x80) only in the result, not as an
+			// error.
+			if st, ok := tok.(*paho.SubscribeToken); ok {
+				switch granted, ok := st.Result()[filter]; {
+				case !ok:
+				case granted == 0x80:
+					problems = append(problems, fmt.Sprintf("%s refused", filter))
+					log.Error("the broker refused a subscription: nothing on it will arrive (check the broker's ACL for this client)", "filter", filter, "client_id", cfg.ClientID)
+				case granted < s.QoS:
+					problems = append(problems, fmt.Sprintf("%s granted QoS %d of %d", filter, granted, s.QoS))
+					log.Warn("the broker granted a subscription a lower QoS: its messages are not kept for the agent while it is away", "filter", filter, "asked", s.QoS, "granted", granted)
+				}
+			}
 		}
+		p.in.stats.setSubscribeErr(strings.Join(problems, "; "))
 		if p.up.Swap(true) {
 			return
 		}
@@ -130,10 +169,30 @@ func (p *pahoSource) start(ctx context.Context) error {
 	return nil
 }
 
+// checkSession warns when the broker kept no session for the agent where
+// it should have: on a reconnect, or on a first connect when Bronze holds
+// an earlier run's messages. What it had queued for the agent is lost.
+func (p *pahoSource) checkSession() {
+	n := p.connects.Add(1)
+	if !p.sessionKnown.Load() || p.sessionPresent.Load() || (n == 1 && !p.in.cfg.Resuming) {
+		return
+	}
+	p.in.stats.SessionsLost.Add(1)
+	p.in.com.log.Warn("the broker had no session for the agent: messages it queued while the agent was away are lost (keep sessions across broker restarts: mosquitto's persistence true; check persistent_client_expiration)",
+		"broker", p.in.cfg.Broker, "client_id", p.in.cfg.ClientID)
+}
+
+// dropConnection closes the broker connection in use, so paho reconnects.
+func (p *pahoSource) dropConnection(why error) {
+	if c := p.conn.Load(); c != nil {
+		c.drop(why)
+	}
+}
+
 // onPublish hands a QoS0 or QoS1 message the connection took out of
 // paho's stream to the committer, which acknowledges it on that connection.
-func (p *pahoSource) onPublish(c *bufferedConn, topic []byte, qos byte, retained, dup bool, id uint16, payload []byte) {
-	rec := p.in.classify(string(topic), qos, retained, dup, bytes.Clone(payload))
+func (p *pahoSource) onPublish(c *bufferedConn, topic []byte, qos byte, retained, dup bool, id uint16, payload []byte, size int) {
+	rec := p.in.classify(string(topic), qos, retained, dup, bytes.Clone(payload), size)
 	var ack acker
 	if qos == 1 {
 		ack = &pubackTo{conn: c, id: id}
@@ -144,7 +203,7 @@ func (p *pahoSource) onPublish(c *bufferedConn, topic []byte, qos byte, retained
 // onMessage hands a message paho received to the committer: QoS2 messages,
 // and everything from a WebSocket broker.
 func (p *pahoSource) onMessage(_ paho.Client, m paho.Message) {
-	rec := p.in.classify(m.Topic(), m.Qos(), m.Retained(), m.Duplicate(), m.Payload())
+	rec := p.in.classify(m.Topic(), m.Qos(), m.Retained(), m.Duplicate(), m.Payload(), len(m.Payload()))
 	var ack acker // a nil interface for QoS0, not a nil paho.Message
 	if m.Qos() > 0 {
 		ack = m

@@ -1,12 +1,18 @@
 package testrig_test
 
 import (
+	"bytes"
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/edgeagent/edgeagent/testrig/rig"
+	"github.com/edgeagent/edgeagent/testrig/scenario"
 )
 
 var (
@@ -55,4 +61,26 @@ type logWriter struct{ tb testing.TB }
 func (w logWriter) Write(p []byte) (int, error) {
 	w.tb.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+// runShort runs the short version of the stock scenario name against the
+// real agent with o's other options, logs the report table and returns the
+// report and the table.
+func runShort(t *testing.T, name string, o rig.Options) (*rig.Report, string) {
+	t.Helper()
+	sc, err := scenario.Lookup(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	o.Agent, o.Scenario, o.Short, o.Progress = agent(t), sc, true, logWriter{t}
+	rep, err := rig.Run(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	rep.WriteTable(&b)
+	t.Log("\n" + b.String())
+	return rep, b.String()
 }

@@ -22,25 +22,12 @@ import (
 // With -short only steady and chaos run (chaos holds every misbehaviour
 // and fault); CI runs them all.
 func TestScenarios(t *testing.T) {
-	bin := agent(t)
 	for _, name := range scenario.Names() {
 		t.Run(name, func(t *testing.T) {
 			if testing.Short() && name != "steady" && name != "chaos" {
 				t.Skip("-short: steady and chaos only")
 			}
-			sc, err := scenario.Lookup(name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-			defer cancel()
-			rep, err := rig.Run(ctx, rig.Options{Agent: bin, Scenario: sc, Short: true, Progress: logWriter{t}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			var b bytes.Buffer
-			rep.WriteTable(&b)
-			t.Log("\n" + b.String())
+			rep, _ := runShort(t, name, rig.Options{})
 			w := rep.Result.Windows
 			if w.Missing != 0 || w.Wrong != 0 || w.Extra != 0 || w.Expected == 0 || w.Correct != w.Expected {
 				t.Fatalf("windows: %+v", w)

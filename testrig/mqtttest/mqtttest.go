@@ -39,12 +39,21 @@ func FreePort(t testing.TB) int {
 // the test ends and returns its URL (tcp://127.0.0.1:PORT).
 func StartMochi(t testing.TB) string {
 	t.Helper()
+	return StartMochiWith(t, new(auth.AllowHook))
+}
+
+// StartMochiWith is StartMochi with the given hooks instead of one that
+// allows everything (an ACL hook refusing some topics, say).
+func StartMochiWith(t testing.TB, hooks ...mochi.Hook) string {
+	t.Helper()
 	srv := mochi.New(&mochi.Options{
 		InlineClient: true,
 		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
-	if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
-		t.Fatalf("mqtttest: mochi auth hook: %v", err)
+	for _, h := range hooks {
+		if err := srv.AddHook(h, nil); err != nil {
+			t.Fatalf("mqtttest: mochi hook %s: %v", h.ID(), err)
+		}
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", FreePort(t))
 	if err := srv.AddListener(listeners.NewTCP(listeners.Config{ID: "tcp", Address: addr})); err != nil {
@@ -163,6 +172,21 @@ func (m *Mosquitto) Stop() {
 		<-done
 	}
 	m.cmd = nil
+}
+
+// ForgetSessions deletes the stopped broker's persistence file, so that it
+// starts again without the sessions and queued messages it had, as a broker
+// without persistence does after a restart.
+func (m *Mosquitto) ForgetSessions() {
+	m.t.Helper()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.cmd != nil {
+		m.t.Fatal("mqtttest: ForgetSessions on a running mosquitto")
+	}
+	if err := os.Remove(filepath.Join(m.dir, "mosquitto.db")); err != nil && !os.IsNotExist(err) {
+		m.t.Fatalf("mqtttest: %v", err)
+	}
 }
 
 // Log returns mosquitto's log so far, for failure messages.

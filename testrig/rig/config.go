@@ -26,9 +26,19 @@ type agentConfig struct {
 	Broker         string
 	EmbeddedListen string
 	StatusListen   string
-	// NATS is the uplink URL (the fault proxy in front of the server).
-	NATS  string
-	Agent scenario.Agent
+	// NATS or MQTTUplink is the uplink URL (the fault proxy in front of
+	// the server); exactly one is set.
+	NATS, MQTTUplink string
+	Agent            scenario.Agent
+}
+
+// setUplink points the agent's uplink at url over transport.
+func (c *agentConfig) setUplink(transport, url string) {
+	if transport == UplinkMQTT {
+		c.MQTTUplink = url
+		return
+	}
+	c.NATS = url
 }
 
 // render writes the configuration with the exact keys of docs/config.md.
@@ -70,7 +80,11 @@ func (c agentConfig) render() string {
 	p("  device_expiry: 24h")
 	p("processing: {trigger_interval: %s, max_records_per_batch: 10000}", dur(a.TriggerInterval))
 	p("uplink:")
-	p("  nats: {url: %q, subject: \"edge.{gateway_id}.aggregates\", stream: %s, create_stream: true}", c.NATS, Stream)
+	if c.MQTTUplink != "" {
+		p("  mqtt: {broker: %q, topic: \"edge/{gateway_id}/aggregates\", qos: 1}", c.MQTTUplink)
+	} else {
+		p("  nats: {url: %q, subject: \"edge.{gateway_id}.aggregates\", stream: %s, create_stream: true}", c.NATS, Stream)
+	}
 	u := a.Uplink
 	p("  max_batch_records: %d", u.MaxBatchRecords)
 	p("  max_batch_bytes: %d", u.MaxBatchBytes)

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -43,6 +42,9 @@ type envConfig struct {
 	// mosquitto prefers a persistent mosquitto over mochi (broker
 	// restarts); requireMosquitto makes its absence an error.
 	mosquitto, requireMosquitto bool
+	// uplink is UplinkNATS ("" too) or UplinkMQTT; uplinkBroker an
+	// external MQTT uplink broker ("" starts an in-process one).
+	uplink, uplinkBroker string
 	// embedded makes the agent run its own broker.
 	embedded bool
 	// tmpfsBytes > 0 puts data_dir on a tmpfs of that size (disk_full).
@@ -60,11 +62,15 @@ type env struct {
 	mochi      *servers.Mochi // the in-process mochi, when it is the broker
 	nats       *servers.NATS  // nil when external
 	natsURL    string
-	proxy      *faultproxy.Proxy
-	verifier   *verify.Verifier
-	agent      *agentproc.Process
-	statusAddr string
-	configPath string
+	// uplinkMochi is the in-process MQTT uplink broker (--uplink mqtt);
+	// uplinkName says what carries the uplink, for the report.
+	uplinkMochi *servers.Mochi
+	uplinkName  string
+	proxy       *faultproxy.Proxy
+	verifier    *verify.Verifier
+	agent       *agentproc.Process
+	statusAddr  string
+	configPath  string
 	// tmpfs is true when data_dir is a tmpfs the rig mounted; tmpfsNote
 	// says why not when one was wanted.
 	tmpfs     bool
@@ -139,46 +145,16 @@ func newEnv(ctx context.Context, cfg envConfig) (_ *env, err error) {
 		e.broker, e.mochi, e.brokerURL, e.brokerName = m, m, m.URL(), m.Name()
 		m.CountAcksFrom(ClientID)
 	}
-	natsAddr := ""
-	if cfg.nats != "" {
-		u, err := url.Parse(cfg.nats)
-		if err != nil || u.Host == "" {
-			return nil, fmt.Errorf("rig: --nats %q: want nats://host:port", cfg.nats)
-		}
-		e.natsURL, natsAddr = cfg.nats, u.Host
-	} else {
-		n, err := servers.StartNATS(filepath.Join(cfg.dir, "nats"))
-		if err != nil {
-			return nil, err
-		}
-		e.nats, e.natsURL, natsAddr = n, n.URL(), n.Addr()
-	}
-	sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	if err := servers.CreateStream(sctx, e.natsURL, Stream, []string{Subject}); err != nil {
-		return nil, err
-	}
-	// An external stream keeps what earlier runs sent, with the same
-	// gateway and so the same idempotency keys: the verifier starts after
-	// it rather than purging a stream the rig does not own.
-	after, err := servers.StreamLastSeq(sctx, e.natsURL, Stream)
+	uplinkURL, err := e.startUplink(ctx)
 	if err != nil {
-		return nil, err
-	}
-	if after > 0 {
-		e.logf("stream %s on %s already holds messages up to sequence %d (earlier runs'); the verifier reads only what comes after", Stream, e.natsURL, after)
-	}
-	if e.proxy, err = faultproxy.New(natsAddr); err != nil {
-		return nil, err
-	}
-	if e.verifier, err = verify.Start(ctx, verify.Config{URL: e.natsURL, Stream: Stream, Subject: Subject, AfterSeq: after}); err != nil {
 		return nil, err
 	}
 	if e.statusAddr, err = servers.FreeAddr(); err != nil {
 		return nil, err
 	}
 	ac := agentConfig{DataDir: e.dataDir, Broker: e.brokerURL, StatusListen: e.statusAddr,
-		NATS: "nats://" + e.proxy.Addr(), Agent: cfg.agent}
+		Agent: cfg.agent}
+	ac.setUplink(cfg.uplink, uplinkURL)
 	if cfg.embedded {
 		ac.Broker, ac.EmbeddedListen = "", e.brokerURL[len("tcp://"):]
 	}
@@ -297,6 +273,9 @@ func (e *env) close() {
 		}
 		if e.nats != nil {
 			e.nats.Close()
+		}
+		if e.uplinkMochi != nil {
+			e.uplinkMochi.Close()
 		}
 		if e.tmpfs {
 			if err := syscall.Unmount(e.dataDir, 0); err != nil {

@@ -175,6 +175,10 @@ func (f *faults) inject(ctx context.Context, ft scenario.Fault, ev *FaultEvent) 
 			}
 		}
 	case scenario.FaultNATSRestart:
+		if e.cfg.uplink == UplinkMQTT {
+			f.skip(ev, "the uplink is MQTT (--uplink mqtt): there is no NATS server to restart")
+			return
+		}
 		if e.nats == nil {
 			f.skip(ev, "NATS is external (--nats); the rig cannot restart it")
 			return

@@ -34,6 +34,8 @@ type Report struct {
 	// removed after a pass.
 	RunDir string `json:"run_dir"`
 	Broker string `json:"broker"`
+	// Uplink says what carried the agent's uplink to the verifier.
+	Uplink string `json:"uplink,omitempty"`
 
 	PublishSeconds float64 `json:"publish_s"`
 	SettleSeconds  float64 `json:"settle_s"`
@@ -143,8 +145,12 @@ func (r *Report) WriteTable(w io.Writer) {
 		interrupted = " (interrupted: a partial report)"
 	}
 	fmt.Fprintf(w, "edgerig %s%s: %s%s\n", name, short, r.Verdict, interrupted)
+	via := r.Broker
+	if r.Uplink != "" {
+		via += ", uplink over " + r.Uplink
+	}
 	fmt.Fprintf(w, "  run        %d devices, %s messages (%s readings, %s retries, %s to dead-letter) via %s; %.1fs publishing, %.1fs settling\n",
-		r.Plan.Devices, num(r.Plan.Messages), num(r.Plan.Readings), num(r.Plan.Retries), num(r.Plan.Dead), r.Broker, r.PublishSeconds, r.SettleSeconds)
+		r.Plan.Devices, num(r.Plan.Messages), num(r.Plan.Readings), num(r.Plan.Retries), num(r.Plan.Dead), via, r.PublishSeconds, r.SettleSeconds)
 	if len(r.Faults) > 0 {
 		var parts []string
 		for _, f := range r.Faults {

@@ -40,7 +40,10 @@ func TestAgentConfigIsValid(t *testing.T) {
 			ac := agentConfig{DataDir: "/tmp/rig-test/data", Broker: "tcp://127.0.0.1:1883", StatusListen: "127.0.0.1:9464",
 				NATS: "nats://127.0.0.1:4222", Agent: sc.Agent}
 			if embedded {
+				// The embedded variant checks the MQTT uplink too.
 				ac.Broker, ac.EmbeddedListen = "", "127.0.0.1:1884"
+				ac.setUplink(UplinkMQTT, "tcp://127.0.0.1:1885")
+				ac.NATS = ""
 			}
 			path := filepath.Join(t.TempDir(), "agent.yaml")
 			if err := os.WriteFile(path, []byte(ac.render()), 0o600); err != nil {
@@ -57,6 +60,12 @@ func TestAgentConfigIsValid(t *testing.T) {
 			}
 			if int64(cfg.Ingest.MaxPayloadBytes) != int64(sc.Agent.MaxPayloadBytes) || cfg.GatewayID != Gateway {
 				t.Fatalf("%s: ingest or gateway differ", sc.Name)
+			}
+			if want := map[bool]string{false: "nats", true: "mqtt"}[embedded]; cfg.Uplink.Transport() != want {
+				t.Fatalf("%s: uplink %q, want %s", sc.Name, cfg.Uplink.Transport(), want)
+			}
+			if embedded && cfg.Uplink.MQTT.Topic != "edge/{gateway_id}/aggregates" && cfg.Uplink.MQTT.Topic != UplinkTopic {
+				t.Fatalf("%s: uplink topic %q", sc.Name, cfg.Uplink.MQTT.Topic)
 			}
 			if embedded != (cfg.MQTT.Broker == "embedded") {
 				t.Fatalf("%s: broker %q, embedded %v", sc.Name, cfg.MQTT.Broker, embedded)
@@ -110,7 +119,7 @@ func TestReportJSONAsDocumented(t *testing.T) {
 	}
 	obs := uint64(1)
 	c := Counter{Expected: 1, Observed: &obs}
-	rep := &Report{Mode: "run", Scenario: "steady", Description: "d", Verdict: Fail, Failures: []string{"f"}, Notes: []string{"n"},
+	rep := &Report{Mode: "run", Scenario: "steady", Description: "d", Verdict: Fail, Failures: []string{"f"}, Notes: []string{"n"}, Uplink: "u",
 		Faults:   []FaultEvent{{Kind: "agent_kill", Skipped: "s", Error: "e", Note: "n"}},
 		Result:   &verify.Result{Problems: []string{"p"}},
 		Counters: Counters{Late: c, Duplicates: c, DeadLetters: c},

@@ -35,6 +35,10 @@ type Options struct {
 	// for mosquitto when the scenario restarts the broker or the agent and
 	// mosquitto is installed, mochi otherwise.
 	Broker string
+	// Uplink is the agent's uplink transport: UplinkNATS (or "") or
+	// UplinkMQTT. UplinkBroker is an external MQTT broker for it ("" runs
+	// an in-process mochi of its own, apart from the devices' broker).
+	Uplink, UplinkBroker string
 	// Progress receives one line per phase and fault; nil discards them.
 	Progress io.Writer
 	// Stop, when closed, ends the run early (the first Ctrl-C): publishing
@@ -78,11 +82,15 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.Short {
 		sc = sc.WithShort()
 	}
+	if err := CheckUplink(o); err != nil {
+		return nil, err
+	}
 	dir, temp, err := runDir(o.Dir, "edgerig-"+sc.Name+"-")
 	if err != nil {
 		return nil, err
 	}
-	cfg := envConfig{dir: dir, agentBin: o.Agent, agent: sc.Agent, mqtt: o.MQTT, nats: o.NATS, progress: o.Progress}
+	cfg := envConfig{dir: dir, agentBin: o.Agent, agent: sc.Agent, mqtt: o.MQTT, nats: o.NATS, progress: o.Progress,
+		uplink: o.Uplink, uplinkBroker: o.UplinkBroker}
 	for _, f := range sc.Faults {
 		switch f.Kind {
 		case scenario.FaultBrokerRestart, scenario.FaultAgentKill, scenario.FaultAgentRestart:
@@ -145,8 +153,8 @@ func removeTemp(dir string, temp bool) {
 }
 
 func run(ctx context.Context, e *env, sc *scenario.Scenario, o Options) (*Report, error) {
-	rep := &Report{Mode: "run", Scenario: sc.Name, Description: sc.Description, Short: o.Short, Broker: e.brokerName}
-	e.logf("scenario %s: %d devices, %v publishing at %gx, broker %s", sc.Name, sc.DeviceCount(), sc.Duration, sc.Speed, e.brokerName)
+	rep := &Report{Mode: "run", Scenario: sc.Name, Description: sc.Description, Short: o.Short, Broker: e.brokerName, Uplink: e.uplinkName}
+	e.logf("scenario %s: %d devices, %v publishing at %gx, broker %s, uplink over %s", sc.Name, sc.DeviceCount(), sc.Duration, sc.Speed, e.brokerName, e.uplinkName)
 	if err := e.startAgent(ctx, 30*time.Second); err != nil {
 		return nil, err
 	}
@@ -324,6 +332,11 @@ func finish(rep *Report, e *env, exp *truth.Expected, st *agentproc.Status, atLe
 	}
 	if rep.Publisher.Unacked > 0 {
 		rep.Failures = append(rep.Failures, fmt.Sprintf("%d publishes never acknowledged: the truth cannot say whether they count", rep.Publisher.Unacked))
+	}
+	if e.uplinkMochi != nil {
+		if n := e.uplinkMochi.Dropped(); n > 0 {
+			rep.Failures = append(rep.Failures, fmt.Sprintf("the uplink broker dropped %d batches before the verifier could take them", n))
+		}
 	}
 	if e.mochi != nil {
 		rep.BrokerDropped = e.mochi.Dropped()

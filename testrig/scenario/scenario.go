@@ -14,10 +14,12 @@ import (
 
 	"github.com/goccy/go-yaml"
 
+	"github.com/edgeagent/edgeagent/config"
 	"github.com/edgeagent/edgeagent/testrig/scenarios"
 )
 
-// ErrInvalid wraps every scenario validation failure; the message names the key.
+// ErrInvalid is wrapped by every *Errors: the scenario was refused. Each
+// problem names the key and, in a file, its line.
 var ErrInvalid = errors.New("scenario: invalid")
 
 // ErrNotFound is returned by Lookup for a name that is neither a stock
@@ -345,15 +347,27 @@ func (s *Size) UnmarshalText(b []byte) error {
 }
 
 // Parse decodes a scenario strictly (unknown keys are errors), fills the
-// rig's defaults and validates it. name is used in messages.
+// rig's defaults and validates it. name is used in messages. Every problem
+// is returned at once, as *Errors, each as "name:LINE: key: message".
 func Parse(name string, data []byte) (*Scenario, error) {
+	src, ferr := parseSource(name, data)
+	if ferr != nil {
+		return nil, &Errors{config.Errors{File: name, List: []*FieldError{ferr}}}
+	}
+	p := &problems{file: name, src: src}
+	if src.check(p); len(p.list) > 0 {
+		return nil, p.err()
+	}
 	var sc Scenario
 	if err := yaml.UnmarshalWithOptions(data, &sc, yaml.Strict(), yaml.DisallowUnknownField()); err != nil {
-		return nil, fmt.Errorf("%w: %s: %s", ErrInvalid, name, yaml.FormatError(err, false, true))
+		key, line, msg := src.keyAt(err)
+		p.addAt(line, key, "%s", msg)
+		return nil, p.err()
 	}
 	sc.setDefaults()
-	if err := sc.Validate(); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+	sc.validate(p)
+	if err := p.err(); err != nil {
+		return nil, err
 	}
 	return &sc, nil
 }
@@ -549,170 +563,172 @@ func (sc *Scenario) AtLeastOnce() bool {
 	return false
 }
 
-// Validate checks the scenario; every problem is reported at once.
+// Validate checks the scenario; every problem is reported at once, as
+// *Errors naming each key.
 func (sc *Scenario) Validate() error {
-	var errs []string
-	bad := func(format string, a ...any) { errs = append(errs, fmt.Sprintf(format, a...)) }
+	p := &problems{}
+	sc.validate(p)
+	return p.err()
+}
+
+func (sc *Scenario) validate(p *problems) {
+	bad := p.add
 	if sc.Name == "" {
-		bad("name: required")
+		bad("name", "required")
 	}
 	if sc.Duration <= 0 {
-		bad("duration: must be positive")
+		bad("duration", "must be positive")
 	}
 	if sc.Speed <= 0 {
-		bad("speed: must be positive")
+		bad("speed", "must be positive")
 	}
 	if span := time.Duration(float64(sc.Duration) * sc.Speed); span > 600*time.Hour {
-		bad("duration × speed: %v of event time is more than the 600h the rig keeps inside max_past_skew", span)
+		bad("duration", "× speed is %v of event time, more than the 600h the rig keeps inside max_past_skew", span)
 	}
 	if sc.Connections < 1 {
-		bad("connections: at least 1")
+		bad("connections", "at least 1")
 	}
 	if len(sc.Devices) == 0 {
-		bad("devices: at least one group")
+		bad("devices", "at least one group")
 	}
 	prefixes := map[string]bool{}
 	for i, g := range sc.Devices {
 		k := fmt.Sprintf("devices[%d]", i)
 		if g.Prefix == "" || strings.ContainsAny(g.Prefix, "/+#") {
-			bad("%s.prefix: required, without / + #", k)
+			bad(k+".prefix", "required, without / + #")
 		}
 		if prefixes[g.Prefix] {
-			bad("%s.prefix: %q used twice", k, g.Prefix)
+			bad(k+".prefix", "%q used twice", g.Prefix)
 		}
 		prefixes[g.Prefix] = true
 		if g.Count < 1 {
-			bad("%s.count: at least 1", k)
+			bad(k+".count", "at least 1")
 		}
 		switch g.Format {
 		case FormatJSON, FormatCBOR, FormatNumber:
 		default:
-			bad("%s.format: json, cbor or number, not %q", k, g.Format)
+			bad(k+".format", "json, cbor or number, not %q", g.Format)
 		}
 		if g.Interval < time.Second || g.Interval%time.Millisecond != 0 {
-			bad("%s.interval: at least 1s, whole milliseconds", k)
+			bad(k+".interval", "at least 1s, whole milliseconds")
 		}
 		if len(g.Metrics) == 0 {
-			bad("%s.metrics: at least one", k)
+			bad(k+".metrics", "at least one")
 		}
-		for _, m := range g.Metrics {
+		for j, m := range g.Metrics {
 			if m == "" || m == "id" || m == "ts" || strings.ContainsAny(m, "./+#") {
-				bad("%s.metrics: %q is not a valid metric name", k, m)
+				bad(fmt.Sprintf("%s.metrics[%d]", k, j), "%q is not a valid metric name", m)
 			}
 		}
 	}
 	w := sc.Agent.Window
 	if w.Size <= 0 || w.Size%time.Millisecond != 0 {
-		bad("agent.window.size: positive, whole milliseconds")
+		bad("agent.window.size", "positive, whole milliseconds")
 	}
 	if w.Slide <= 0 || w.Slide > w.Size || (w.Slide > 0 && w.Size%w.Slide != 0) {
-		bad("agent.window.slide: positive, at most size, and size a multiple of it")
+		bad("agent.window.slide", "positive, at most size, and size a multiple of it")
 	}
-	if w.WatermarkDelay < 0 || w.AllowedLateness < 0 {
-		bad("agent.window: watermark_delay and allowed_lateness must not be negative")
+	if w.WatermarkDelay < 0 {
+		bad("agent.window.watermark_delay", "must not be negative")
+	}
+	if w.AllowedLateness < 0 {
+		bad("agent.window.allowed_lateness", "must not be negative")
 	}
 	if sc.Agent.ClockTickInterval > w.IdleTimeout {
-		bad("agent.clock_tick_interval: not longer than window.idle_timeout")
+		bad("agent.clock_tick_interval", "not longer than window.idle_timeout")
 	}
-	for _, a := range w.Aggregates {
+	for i, a := range w.Aggregates {
 		if !contains(AllAggregates, a) {
-			bad("agent.window.aggregates: %q is not one of %s", a, strings.Join(AllAggregates, ", "))
+			bad(fmt.Sprintf("agent.window.aggregates[%d]", i), "%q is not one of %s", a, strings.Join(AllAggregates, ", "))
 		}
 	}
 	if !contains(w.Aggregates, "count") {
-		bad("agent.window.aggregates: the rig needs count")
+		bad("agent.window.aggregates", "the rig needs count")
 	}
+	sc.validateMisbehaviour(p)
+	sc.validateFaults(p)
+}
+
+func (sc *Scenario) validateMisbehaviour(p *problems) {
+	bad := p.add
+	w := sc.Agent.Window
 	m := sc.Misbehaviour
-	fracs := map[string]Fraction{}
+	type share struct {
+		key string
+		f   Fraction
+	}
+	var shares []share
 	if m.Offline != nil {
-		fracs["offline.devices"] = m.Offline.Devices
+		shares = append(shares, share{"offline.devices", m.Offline.Devices})
 		if m.Offline.Min <= 0 || m.Offline.Max < m.Offline.Min {
-			bad("misbehaviour.offline: 0 < min <= max")
+			bad("misbehaviour.offline", "0 < min <= max")
 		}
 		if wi := m.Offline.Within; wi != nil {
 			if from, to := wi[0].Resolve(sc.Duration), wi[1].Resolve(sc.Duration); from < 0 || to < from || to > sc.Duration {
-				bad("misbehaviour.offline.within: [from, to] with 0 <= from <= to <= duration (%v)", sc.Duration)
+				bad("misbehaviour.offline.within", "[from, to] with 0 <= from <= to <= duration (%v)", sc.Duration)
 			}
 		}
 	}
 	if m.Pause != nil {
-		fracs["pause.devices"] = m.Pause.Devices
+		shares = append(shares, share{"pause.devices", m.Pause.Devices})
 		if m.Pause.For <= w.IdleTimeout {
-			bad("misbehaviour.pause.for: longer than agent.window.idle_timeout (%v), or it pauses nothing", w.IdleTimeout)
+			bad("misbehaviour.pause.for", "longer than agent.window.idle_timeout (%v), or it pauses nothing", w.IdleTimeout)
 		}
 	}
 	if m.Duplicates != nil {
-		fracs["duplicates.readings"] = m.Duplicates.Readings
+		shares = append(shares, share{"duplicates.readings", m.Duplicates.Readings})
 		if m.Duplicates.MaxGap < 0 {
-			bad("misbehaviour.duplicates.max_gap: not negative")
+			bad("misbehaviour.duplicates.max_gap", "not negative")
 		}
 	}
 	if m.OutOfOrder != nil {
-		fracs["out_of_order.readings"] = m.OutOfOrder.Readings
+		shares = append(shares, share{"out_of_order.readings", m.OutOfOrder.Readings})
 		if w.WatermarkDelay < 2*time.Second {
-			bad("misbehaviour.out_of_order: needs agent.window.watermark_delay of at least 2s")
+			bad("misbehaviour.out_of_order", "needs agent.window.watermark_delay of at least 2s")
 		}
 	}
 	if m.ClockSkew != nil {
-		fracs["clock_skew.devices"] = m.ClockSkew.Devices
-		fracs["clock_skew.glitches"] = m.ClockSkew.Glitches
-		for _, k := range m.ClockSkew.Kinds {
+		shares = append(shares, share{"clock_skew.devices", m.ClockSkew.Devices}, share{"clock_skew.glitches", m.ClockSkew.Glitches})
+		for i, k := range m.ClockSkew.Kinds {
 			if !contains([]string{SkewSlow, SkewFast, SkewBehind, SkewAhead, SkewFuture, SkewEpoch}, k) {
-				bad("misbehaviour.clock_skew.kinds: unknown kind %q", k)
+				bad(fmt.Sprintf("misbehaviour.clock_skew.kinds[%d]", i), "unknown kind %q", k)
 			}
 		}
 		if m.ClockSkew.Drift <= 0 || m.ClockSkew.Drift >= 0.5 {
-			bad("misbehaviour.clock_skew.drift: between 0 and 0.5")
+			bad("misbehaviour.clock_skew.drift", "between 0 and 0.5")
 		}
 		if m.ClockSkew.Offset >= sc.Agent.MaxFutureSkew {
-			bad("misbehaviour.clock_skew.offset: below agent.max_future_skew, or ahead devices are dead-lettered")
+			bad("misbehaviour.clock_skew.offset", "below agent.max_future_skew, or ahead devices are dead-lettered")
 		}
 	}
 	if m.Late != nil {
-		fracs["late.within"] = m.Late.Within
-		fracs["late.beyond"] = m.Late.Beyond
+		shares = append(shares, share{"late.within", m.Late.Within}, share{"late.beyond", m.Late.Beyond})
 	}
 	if m.Malformed != nil {
-		fracs["malformed.messages"] = m.Malformed.Messages
+		shares = append(shares, share{"malformed.messages", m.Malformed.Messages})
 	}
 	if m.SchemaChange != nil {
-		fracs["schema_change.devices"] = m.SchemaChange.Devices
+		shares = append(shares, share{"schema_change.devices", m.SchemaChange.Devices})
 		if len(m.SchemaChange.Rename) == 0 {
-			bad("misbehaviour.schema_change.rename: at least one field")
+			bad("misbehaviour.schema_change.rename", "at least one field")
 		}
 	}
 	if m.Bursts != nil {
-		fracs["bursts.devices"] = m.Bursts.Devices
+		shares = append(shares, share{"bursts.devices", m.Bursts.Devices})
 		if m.Bursts.Count < 1 || m.Bursts.Size < 1 {
-			bad("misbehaviour.bursts: count and size at least 1")
+			bad("misbehaviour.bursts", "count and size at least 1")
 		}
 		for i, g := range sc.Devices {
 			if int64(g.Interval/time.Millisecond) < int64(m.Bursts.Size+1) {
-				bad("misbehaviour.bursts.size: devices[%d].interval leaves less than 1ms between burst readings", i)
+				bad("misbehaviour.bursts.size", "devices[%d].interval leaves less than 1ms between burst readings", i)
 			}
 		}
 	}
-	for k, f := range fracs {
-		if f < 0 || f > 1 {
-			bad("misbehaviour.%s: a share between 0 and 1", k)
+	for _, s := range shares {
+		if s.f < 0 || s.f > 1 {
+			bad("misbehaviour."+s.key, "a share between 0 and 1")
 		}
 	}
-	for i, f := range sc.Faults {
-		k := fmt.Sprintf("faults[%d]", i)
-		if !contains(FaultKinds, f.Kind) {
-			bad("%s.kind: %q is not one of %s", k, f.Kind, strings.Join(FaultKinds, ", "))
-		}
-		if at := f.At.Resolve(sc.Duration); at < 0 || at > sc.Duration {
-			bad("%s.at: inside the run (0 to %v)", k, sc.Duration)
-		}
-		if f.For < 0 {
-			bad("%s.for: not negative", k)
-		}
-	}
-	if len(errs) > 0 {
-		return fmt.Errorf("%w:\n  %s", ErrInvalid, strings.Join(errs, "\n  "))
-	}
-	return nil
 }
 
 func contains(list []string, s string) bool {

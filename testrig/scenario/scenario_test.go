@@ -2,6 +2,8 @@ package scenario
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -136,5 +138,79 @@ func TestLookupUnknown(t *testing.T) {
 	_, err := Lookup("no-such-scenario")
 	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "steady") {
 		t.Fatalf("err = %v, want ErrNotFound listing the stock scenarios", err)
+	}
+}
+
+// TestInvalidFiles parses each file of testdata/invalid: every problem it
+// holds must be refused with ErrInvalid, and each "# want:" comment must be
+// the end of a "FILE:LINE: key: message" prefix of an error line.
+func TestInvalidFiles(t *testing.T) {
+	files, err := filepath.Glob("testdata/invalid/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no test files: %v", err)
+	}
+	for _, path := range files {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			data, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var wants []string
+			for _, line := range strings.Split(string(data), "\n") {
+				if w, ok := strings.CutPrefix(line, "# want: "); ok {
+					wants = append(wants, path+w)
+				}
+			}
+			if len(wants) == 0 {
+				t.Fatal("no # want: line")
+			}
+			_, err = Load(path)
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("err = %v, want ErrInvalid", err)
+			}
+			var errs *Errors
+			if !errors.As(err, &errs) {
+				t.Fatalf("err is %T, want *Errors", err)
+			}
+			lines := strings.Split(err.Error(), "\n")
+			if len(lines) != len(wants) {
+				t.Errorf("%d problems, want %d:\n%v", len(lines), len(wants), err)
+			}
+			for _, w := range wants {
+				found := false
+				for _, l := range lines {
+					found = found || strings.HasPrefix(l, w)
+				}
+				if !found {
+					t.Errorf("no error line starts with\n  %s\ngot:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
+
+// TestFaultOverlap: faults on one component must be FaultGap apart;
+// faults on different components may overlap.
+func TestFaultOverlap(t *testing.T) {
+	base := "name: t\nduration: 10s\ndevices:\n  - {prefix: a, count: 1, format: json, interval: 5s, metrics: [x]}\nfaults:\n"
+	cases := []struct {
+		faults string
+		ok     bool
+	}{
+		{"  - {at: 1s, kind: agent_kill, for: 1s}\n  - {at: 3s, kind: agent_kill, for: 1s}\n", true},
+		{"  - {at: 1s, kind: agent_kill, for: 1s}\n  - {at: 2500ms, kind: agent_restart, for: 1s}\n", false},
+		{"  - {at: 5s, kind: agent_kill, for: 0s}\n  - {at: 5s, kind: agent_kill, for: 0s}\n", false},
+		{"  - {at: 4s, kind: agent_kill, for: 3s}\n  - {at: 1s, kind: agent_kill, for: 1s}\n", true},
+		{"  - {at: 1s, kind: agent_kill, for: 3s}\n  - {at: 2s, kind: broker_restart, for: 1s}\n  - {at: 2s, kind: uplink_cut, for: 3s}\n", true},
+		{"  - {at: 1s, kind: uplink_cut, for: 3s}\n  - {at: 2s, kind: uplink_drop_acks, for: 1s}\n", false},
+	}
+	for _, c := range cases {
+		_, err := Parse("t.yaml", []byte(base+c.faults))
+		if (err == nil) != c.ok {
+			t.Errorf("faults\n%s: err = %v, want ok %v", c.faults, err, c.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "must not overlap") {
+			t.Errorf("unexpected error %v", err)
+		}
 	}
 }

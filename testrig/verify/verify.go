@@ -1,5 +1,5 @@
 // Package verify is the rig's cloud side: it consumes the agent's uplink
-// from a real NATS JetStream stream, decodes each batch with the documented
+// from a real NATS JetStream stream or an MQTT broker, decodes each batch with the documented
 // wire format, upserts the aggregates on (gateway, device, metric, start)
 // keeping the highest revision, and compares the result with the truth.
 package verify
@@ -92,6 +92,8 @@ type Verifier struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	once   sync.Once
+	// mqtt is the subscriber when the uplink is read over MQTT (StartMQTT).
+	mqtt *mqttSource
 
 	mu      sync.Mutex
 	windows map[WindowID]*received
@@ -143,7 +145,12 @@ func (v *Verifier) Close() error {
 	v.once.Do(func() {
 		v.cancel()
 		v.wg.Wait()
-		v.nc.Close()
+		if v.nc != nil {
+			v.nc.Close()
+		}
+		if v.mqtt != nil {
+			v.mqtt.close()
+		}
 	})
 	return nil
 }
@@ -208,21 +215,29 @@ func (v *Verifier) handle(msg jetstream.Msg) {
 		v.setErr(fmt.Errorf("message metadata: %w", err))
 		return
 	}
+	enc := msg.Headers().Get("Content-Encoding")
+	v.record(meta.Sequence.Stream, msg.Data(), func(b []byte) (*wire.Batch, error) { return wire.DecodeBatch(b, enc) })
+}
+
+// record upserts one uplink message. seq numbers the messages of the
+// transport: the JetStream stream sequence, or the arrival count over MQTT.
+// decode is the transport's decoder: by the Content-Encoding header on
+// NATS, by the body's first bytes on MQTT (which has no headers).
+func (v *Verifier) record(seq uint64, data []byte, decode func([]byte) (*wire.Batch, error)) {
 	now := v.cfg.Clock()
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	seq := meta.Sequence.Stream
 	if seq <= v.progress.LastSeq {
 		return // redelivered by a consumer reset
 	}
 	v.progress.LastSeq = seq
 	v.progress.LastArrival = now
 	v.progress.Messages++
-	v.progress.Bytes += uint64(len(msg.Data()))
-	b, err := wire.DecodeBatch(msg.Data(), msg.Headers().Get("Content-Encoding"))
+	v.progress.Bytes += uint64(len(data))
+	b, err := decode(data)
 	if err != nil {
 		v.progress.DecodeErrors++
-		v.lastErr = fmt.Sprintf("stream seq %d: %v", seq, err)
+		v.lastErr = fmt.Sprintf("message %d: %v", seq, err)
 		return
 	}
 	if v.batches[b.Batch] {
@@ -238,7 +253,7 @@ func (v *Verifier) handle(msg jetstream.Msg) {
 		} else {
 			v.progress.KeyConflicts++
 			if len(v.conflicts) < maxConflictExamples {
-				v.conflicts = append(v.conflicts, fmt.Sprintf("key %s arrived again with other contents (stream seq %d): %s", a.Key, seq, d))
+				v.conflicts = append(v.conflicts, fmt.Sprintf("key %s arrived again with other contents (message seq %d): %s", a.Key, seq, d))
 			}
 		}
 		id := WindowID{b.Gateway, a.Device, a.Metric, a.Start}
@@ -325,6 +340,9 @@ func (v *Verifier) LastError() string {
 
 // StreamLastSeq asks the server for the stream's last sequence.
 func (v *Verifier) StreamLastSeq(ctx context.Context) (uint64, error) {
+	if v.js == nil {
+		return 0, errors.New("verify: no stream: the uplink is read over MQTT")
+	}
 	st, err := v.js.Stream(ctx, v.cfg.Stream)
 	if err != nil {
 		return 0, fmt.Errorf("verify: stream %s: %w", v.cfg.Stream, err)
@@ -336,9 +354,12 @@ func (v *Verifier) StreamLastSeq(ctx context.Context) (uint64, error) {
 	return info.State.LastSeq, nil
 }
 
-// WaitDrained returns once everything the stream held when it was called
-// has been consumed, or ctx ends.
+// WaitDrained returns once everything the stream (or the MQTT broker) held
+// when it was called has been consumed, or ctx ends.
 func (v *Verifier) WaitDrained(ctx context.Context) error {
+	if v.mqtt != nil {
+		return v.mqtt.waitDrained(ctx)
+	}
 	var last uint64
 	for {
 		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)

@@ -95,6 +95,16 @@ func window(vals ...float64) *truth.Window {
 	return &truth.Window{Count: a.Count, Sum: *a.Sum, Min: *a.Min, Max: *a.Max, First: *a.First, Last: *a.Last}
 }
 
+// drain waits until the verifier has everything the server holds.
+func drain(t *testing.T, v *Verifier) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := v.WaitDrained(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func waitAggregates(t *testing.T, v *Verifier, n uint64) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
@@ -229,11 +239,7 @@ func TestVerifierSurvivesServerRestart(t *testing.T) {
 	}
 	publish(t, n.URL(), "r2", agg("a", "t", 60_000, 1, 2))
 	waitAggregates(t, v, 2)
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	if err := v.WaitDrained(ctx); err != nil {
-		t.Fatal(err)
-	}
+	drain(t, v)
 	if p := v.Progress(); p.Messages != 2 || p.DuplicateAggregates != 0 {
 		t.Fatalf("progress %+v, want 2 messages and no duplicate", p)
 	}

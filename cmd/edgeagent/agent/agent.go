@@ -104,6 +104,9 @@ func Open(cfg *config.Config, opts Options) (*Agent, error) {
 		a.Close()
 		return nil, err
 	}
+	if bs, err := a.Bronze.Stats(); err == nil && bs.LastSeq > 0 {
+		icfg.Resuming = true // the broker should have kept a session
+	}
 	a.Ingest, err = ingest.New(a.Bronze, icfg)
 	if err != nil {
 		a.Close()

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -36,6 +37,9 @@ func (s *statusSource) Ready() (bool, string) {
 	if st.CommitFailing.Load() {
 		return false, "Bronze commits are failing: " + st.LastCommitError()
 	}
+	if e := st.SubscribeError(); strings.Contains(e, "refused") {
+		return false, "the broker refused a subscription: " + e
+	}
 	return true, ""
 }
 
@@ -57,6 +61,8 @@ func (s *statusSource) Snapshot() status.Snapshot {
 		LastCommitSeconds:  time.Duration(in.LastCommitNano.Load()).Seconds(),
 		Reconnects:         in.Reconnects.Load(),
 		BrokerDropped:      in.BrokerDropped.Load(),
+		SessionsLost:       in.SessionsLost.Load(),
+		SubscribeError:     in.SubscribeError(),
 		Rejected:           in.Rejected(),
 		BronzeFull:         in.Full.Load(),
 		BronzeFullTotal:    in.FullTotal.Load(),

@@ -49,6 +49,7 @@ func WriteMetrics(w io.Writer, snap Snapshot) {
 	c("edgeagent_ingest_messages_acked_total", in.AckedTotal)
 	c("edgeagent_ingest_reconnects_total", in.Reconnects)
 	c("edgeagent_ingest_broker_dropped_total", in.BrokerDropped)
+	c("edgeagent_ingest_sessions_lost_total", in.SessionsLost)
 	labeled(w, "edgeagent_ingest_rejected_total", "counter", "reason", in.Rejected)
 	g("edgeagent_input_messages_per_second", snap.Rates.InputPerSecond)
 

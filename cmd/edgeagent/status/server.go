@@ -245,6 +245,12 @@ func Warnings(snap *Snapshot, trigger time.Duration) []string {
 	if !snap.Ingest.Connected {
 		w = append(w, "ingest is not connected to the MQTT broker")
 	}
+	if snap.Ingest.SubscribeError != "" {
+		w = append(w, "the broker did not grant every subscription: "+snap.Ingest.SubscribeError)
+	}
+	if n := snap.Ingest.SessionsLost; n > 0 {
+		w = append(w, fmt.Sprintf("the broker lost the agent's session %d time(s) since start: what it had queued for the agent then is gone (keep sessions across broker restarts: mosquitto's persistence true)", n))
+	}
 	if snap.Ingest.BronzeFull {
 		w = append(w, "Bronze is full of unprocessed records: acknowledgements are held, the broker is queueing")
 	}

@@ -44,8 +44,14 @@ type Ingest struct {
 	Reconnects         uint64  `json:"reconnects_total"`
 	// BrokerDropped: messages the embedded broker dropped for a client
 	// whose write queue was full (always 0 with an external broker).
-	BrokerDropped uint64            `json:"broker_dropped_total"`
-	Rejected      map[string]uint64 `json:"rejected_total"`
+	BrokerDropped uint64 `json:"broker_dropped_total"`
+	// SessionsLost counts connects on which the broker had no session
+	// for the agent where it should have kept one (since start).
+	SessionsLost uint64 `json:"sessions_lost_total"`
+	// SubscribeError names subscriptions the broker refused or granted at
+	// a lower QoS on the last connect.
+	SubscribeError string            `json:"subscribe_error,omitempty"`
+	Rejected       map[string]uint64 `json:"rejected_total"`
 	// BronzeFull is set while Bronze is at storage.bronze_max_bytes with
 	// unprocessed records; BronzeFullTotal counts the times it got there.
 	BronzeFull      bool   `json:"bronze_full"`

@@ -86,7 +86,7 @@ func interrupts(sigs <-chan os.Signal, stop chan<- struct{}, abort func(), done 
 // Synopses, one per subcommand: the top-level usage and each subcommand's
 // --help share them, so the two cannot drift apart.
 const (
-	synRun  = "edgerig run [--agent PATH] [--short] [--json FILE] [--dir DIR] [--keep] [--broker mochi|mosquitto] [--mqtt URL] [--nats URL] [--quiet] SCENARIO"
+	synRun  = "edgerig run [--agent PATH] [--short] [--json FILE] [--dir DIR] [--keep] [--broker mochi|mosquitto] [--mqtt URL] [--nats URL] [--uplink nats|mqtt] [--uplink-broker URL] [--quiet] SCENARIO"
 	synDemo = "edgerig demo [--agent PATH] [--duration D] [--devices N] [--dir DIR] [--json FILE]"
 	synLoad = "edgerig load [--agent PATH] [--devices N] [--duration D] [--connections N] [--reading-interval D] [--json FILE] [--dir DIR] [--mqtt URL | --embedded]"
 )
@@ -189,6 +189,8 @@ func cmdRun(ctx context.Context, stop <-chan struct{}, args []string, stdout, st
 	mqtt := fs.String("mqtt", "", "use this external MQTT broker `URL` instead of an in-process one")
 	nats := fs.String("nats", "", "use this external NATS `URL` (with JetStream) instead of an in-process one")
 	broker := fs.String("broker", "", "in-process broker: mochi or mosquitto (default: mosquitto when the scenario restarts the broker or the agent and mosquitto is installed, else mochi)")
+	uplink := fs.String("uplink", rig.UplinkNATS, "the agent's uplink: nats (JetStream) or mqtt (a broker of its own)")
+	uplinkBroker := fs.String("uplink-broker", "", "with --uplink mqtt: this external MQTT broker `URL` instead of an in-process one")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -204,7 +206,9 @@ func cmdRun(ctx context.Context, stop <-chan struct{}, args []string, stdout, st
 		fmt.Fprintf(stderr, "edgerig run: --broker %q: want mochi or mosquitto\n", *broker)
 		return exitUsage
 	}
-	if err := checkFlags(checkURL("mqtt", *mqtt, mqttSchemes...), checkURL("nats", *nats, "nats")); err != nil {
+	if err := checkFlags(checkURL("mqtt", *mqtt, mqttSchemes...), checkURL("nats", *nats, "nats"),
+		// The uplink goes through the fault proxy, which speaks plain TCP.
+		checkURL("uplink-broker", *uplinkBroker, "tcp", "mqtt")); err != nil {
 		fmt.Fprintf(stderr, "edgerig run: %v\n", err)
 		return exitUsage
 	}
@@ -217,8 +221,13 @@ func cmdRun(ctx context.Context, stop <-chan struct{}, args []string, stdout, st
 	if *quiet {
 		progress = nil
 	}
-	rep, err := rig.Run(ctx, rig.Options{Agent: *agent, Scenario: sc, Short: *short, Dir: *dir, Keep: *keep,
-		MQTT: *mqtt, NATS: *nats, Broker: *broker, Progress: progress, Stop: stop})
+	opts := rig.Options{Agent: *agent, Scenario: sc, Short: *short, Dir: *dir, Keep: *keep,
+		MQTT: *mqtt, NATS: *nats, Broker: *broker, Uplink: *uplink, UplinkBroker: *uplinkBroker, Progress: progress, Stop: stop}
+	if err := rig.CheckUplink(opts); err != nil {
+		fmt.Fprintf(stderr, "edgerig run: %v\n", err)
+		return exitUsage
+	}
+	rep, err := rig.Run(ctx, opts)
 	if err != nil {
 		fmt.Fprintf(stderr, "edgerig run: %s\n", failed(ctx, err))
 		return exitError
