@@ -45,6 +45,7 @@ func TestUsageAndScenarios(t *testing.T) {
 		{[]string{"load", "--agent", "/nonexistent", "--devices", "0"}, exitUsage, "--devices 0"},
 		{[]string{"load", "--agent", "/nonexistent", "--duration", "0s", "--connections", "0"}, exitUsage, "--connections 0"},
 		{[]string{"load", "--agent", "/nonexistent", "--mqtt", "localhost:1883"}, exitUsage, "--mqtt"},
+		{[]string{"run", "--agent", "/nonexistent", "--uplink", "mqtt", "--uplink-broker", "localhost:1883", "steady"}, exitUsage, `--uplink-broker "localhost:1883": want tcp|mqtt://host:port`},
 	}
 	for _, c := range cases {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
