@@ -137,10 +137,25 @@ func TestUnexpectedExit(t *testing.T) {
 }
 
 func TestReadProc(t *testing.T) {
-	cpu, hwm, err := readProc(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
+	// /proc counts CPU in clock ticks (10 ms): a test process that has
+	// mostly waited, on a loaded machine, may not have used one yet. Use
+	// some, until a tick shows or the deadline passes.
+	var cpu float64
+	var hwm int64
+	var err error
+	sink := 0
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if cpu, hwm, err = readProc(os.Getpid()); err != nil {
+			t.Fatal(err)
+		}
+		if cpu > 0 || time.Now().After(deadline) {
+			break
+		}
+		for i := range 1_000_000 {
+			sink += i
+		}
 	}
+	_ = sink
 	if cpu <= 0 || hwm < 1<<20 {
 		t.Fatalf("cpu %v s, VmHWM %d bytes: implausible for a running test", cpu, hwm)
 	}
