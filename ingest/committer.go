@@ -92,10 +92,12 @@ type Stats struct {
 
 	mu sync.Mutex
 	// subscribeErr says which subscriptions the broker refused or
-	// downgraded on the last connect, "" when it granted them all.
-	subscribeErr string
-	rejected     map[string]uint64
-	lastErr      string // commit or connection
+	// downgraded on the last connect, "" when it granted them all;
+	// subscribeRefused whether it refused any.
+	subscribeErr     string
+	subscribeRefused bool
+	rejected         map[string]uint64
+	lastErr          string // commit or connection
 	// lastCommitErr is the error of the commits failing now (CommitFailing).
 	lastCommitErr string
 }
@@ -147,9 +149,17 @@ func (s *Stats) SubscribeError() string {
 	return s.subscribeErr
 }
 
-func (s *Stats) setSubscribeErr(msg string) {
+// SubscribeRefused reports whether the broker refused a subscription on
+// the last connect.
+func (s *Stats) SubscribeRefused() bool {
 	s.mu.Lock()
-	s.subscribeErr = msg
+	defer s.mu.Unlock()
+	return s.subscribeRefused
+}
+
+func (s *Stats) setSubscribeErr(msg string, refused bool) {
+	s.mu.Lock()
+	s.subscribeErr, s.subscribeRefused = msg, refused
 	s.mu.Unlock()
 }
 

@@ -220,7 +220,11 @@ func (e *embedded) waitForSubscribers(topic string) {
 			if behind() {
 				continue
 			}
-			e.setStalled(id, false)
+			if cl.Closed() {
+				e.forgetStalled(id) // gone, not caught up
+			} else {
+				e.setStalled(id, false)
+			}
 		}
 		var deadline time.Time
 		for behind() && e.up.Load() {
@@ -233,6 +237,14 @@ func (e *embedded) waitForSubscribers(topic string) {
 			time.Sleep(subscriberPoll)
 		}
 	}
+}
+
+// forgetStalled drops subscriber id from the stalled set without a word:
+// it disconnected (a client that comes back starts afresh).
+func (e *embedded) forgetStalled(id string) {
+	e.stalledMu.Lock()
+	delete(e.stalled, id)
+	e.stalledMu.Unlock()
 }
 
 // setStalled records whether subscriber id is taken for one that stopped
@@ -275,6 +287,9 @@ func (h *ingestHook) Provides(b byte) bool {
 // too large to keep even a prefix of.
 func (h *ingestHook) OnDisconnect(cl *mochi.Client, err error, _ bool) {
 	h.acks.conns.Delete(cl)
+	if e, ok := h.in.src.(*embedded); ok {
+		e.forgetStalled(cl.ID)
+	}
 	if errors.Is(err, packets.ErrPacketTooLarge) {
 		h.in.stats.reject(ReasonOversized)
 		h.in.com.log.Warn("embedded broker: closed a client's connection: it sent a packet larger than max_payload_bytes + 64 KiB (counted as payload_too_large; nothing of it is stored)",

@@ -56,10 +56,11 @@ type Config struct {
 	ConnectTimeout           time.Duration
 	ReconnectMax             time.Duration
 	Subscriptions            []Subscription
-	// Resuming says Bronze already holds messages of an earlier run, so
-	// the broker should have kept the agent's session: a first connect
-	// without one is a lost session, not a first start.
-	Resuming bool
+	// SessionFile, when set, records the broker and client id of the last
+	// connection that subscribed: a first connect to the same broker under
+	// the same id without a saved session is a lost session, not a first
+	// start (nor a new client id or broker, which have none to lose).
+	SessionFile string
 
 	CommitInterval   time.Duration
 	MaxCommitRecords int

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -552,12 +553,27 @@ func TestLostSessionIsWarned(t *testing.T) {
 		t.Errorf("no warning about the lost session:\n%s", logs.String())
 	}
 
-	// A new agent over the same Bronze expects its session back.
-	b2 := openBronze(t, buffer.Options{})
+	// A restarted agent expects its session back, if it had one at this
+	// broker under this client id; a new client id has none to lose.
+	sessionFile := filepath.Join(t.TempDir(), "mqtt-session")
 	cfg := testConfig(t, mosq.URL(), "edgeagent-resuming", nil)
-	cfg.Resuming = true
-	in2 := startIngester(t, b2, cfg)
-	mqtttest.WaitFor(t, 10*time.Second, "a resuming start without a session counted", func() bool { return in2.Stats().SessionsLost.Load() == 1 })
+	cfg.SessionFile = sessionFile
+	first := startIngester(t, openBronze(t, buffer.Options{}), cfg)
+	mqtttest.WaitFor(t, 10*time.Second, "the session recorded", func() bool { _, err := os.Stat(sessionFile); return err == nil })
+	first.Close()
+	renamed := cfg
+	renamed.ClientID = "edgeagent-renamed"
+	in2 := startIngester(t, openBronze(t, buffer.Options{}), renamed)
+	mqtttest.WaitFor(t, 10*time.Second, "connected under the new client id", in2.Connected)
+	if n := in2.Stats().SessionsLost.Load(); n != 0 {
+		t.Fatalf("a new client id counted %d lost sessions", n)
+	}
+	in2.Close()
+	mosq.Stop()
+	mosq.ForgetSessions()
+	mosq.Start()
+	in3 := startIngester(t, openBronze(t, buffer.Options{}), renamed)
+	mqtttest.WaitFor(t, 10*time.Second, "a restart whose session the broker lost counted", func() bool { return in3.Stats().SessionsLost.Load() == 1 })
 }
 
 // denyReading is a mochi hook that lets every client connect and publish
@@ -580,7 +596,7 @@ func TestRefusedSubscriptionIsReported(t *testing.T) {
 	logs := &logBuffer{}
 	in := startIngester(t, b, testConfig(t, url, "edgeagent-acl", logs))
 	mqtttest.WaitFor(t, 10*time.Second, "the refusal recorded", func() bool { return strings.Contains(in.Stats().SubscribeError(), "refused") })
-	if !strings.Contains(in.Stats().SubscribeError(), "sensors/+/telemetry") || !strings.Contains(logs.String(), "the broker refused a subscription") {
+	if !in.Stats().SubscribeRefused() || !strings.Contains(in.Stats().SubscribeError(), "sensors/+/telemetry") || !strings.Contains(logs.String(), "the broker refused a subscription") {
 		t.Errorf("subscribe error %q, log:\n%s", in.Stats().SubscribeError(), logs.String())
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -82,6 +83,7 @@ func (p *pahoSource) start(ctx context.Context) error {
 		// Subscribe on every connect: with a persistent session the broker
 		// usually remembers, but not after it lost its own state.
 		var problems []string
+		refused := false
 		for _, s := range cfg.Subscriptions {
 			// No per-filter callback: every message goes to the default
 			// handler, so paho does not split each topic to match routes.
@@ -110,6 +112,7 @@ func (p *pahoSource) start(ctx context.Context) error {
 				case !ok:
 				case granted == 0x80:
 					problems = append(problems, fmt.Sprintf("%s refused", filter))
+					refused = true
 					log.Error("the broker refused a subscription: nothing on it will arrive (check the broker's ACL for this client)", "filter", filter, "client_id", cfg.ClientID)
 				case granted < s.QoS:
 					problems = append(problems, fmt.Sprintf("%s granted QoS %d of %d", filter, granted, s.QoS))
@@ -117,7 +120,8 @@ func (p *pahoSource) start(ctx context.Context) error {
 				}
 			}
 		}
-		p.in.stats.setSubscribeErr(strings.Join(problems, "; "))
+		p.in.stats.setSubscribeErr(strings.Join(problems, "; "), refused)
+		p.recordSession()
 		if p.up.Swap(true) {
 			return
 		}
@@ -174,12 +178,45 @@ func (p *pahoSource) start(ctx context.Context) error {
 // an earlier run's messages. What it had queued for the agent is lost.
 func (p *pahoSource) checkSession() {
 	n := p.connects.Add(1)
-	if !p.sessionKnown.Load() || p.sessionPresent.Load() || (n == 1 && !p.in.cfg.Resuming) {
+	if !p.sessionKnown.Load() || p.sessionPresent.Load() || (n == 1 && !p.hadSession()) {
 		return
 	}
 	p.in.stats.SessionsLost.Add(1)
 	p.in.com.log.Warn("the broker had no session for the agent: messages it queued while the agent was away are lost (keep sessions across broker restarts: mosquitto's persistence true; check persistent_client_expiration)",
 		"broker", p.in.cfg.Broker, "client_id", p.in.cfg.ClientID)
+}
+
+// sessionID is what SessionFile holds: the session's broker and client id.
+func (p *pahoSource) sessionID() string {
+	return p.in.cfg.Broker + "\n" + p.in.cfg.ClientID + "\n"
+}
+
+// hadSession reports whether an earlier run subscribed at this broker
+// under this client id, so the broker should have kept its session.
+func (p *pahoSource) hadSession() bool {
+	if p.in.cfg.SessionFile == "" {
+		return false
+	}
+	b, err := os.ReadFile(p.in.cfg.SessionFile)
+	return err == nil && string(b) == p.sessionID()
+}
+
+// recordSession writes SessionFile after a connect that subscribed, if it
+// does not already name this session. A failure only costs the warning
+// about a lost session at the next start.
+func (p *pahoSource) recordSession() {
+	f := p.in.cfg.SessionFile
+	if f == "" || p.hadSession() {
+		return
+	}
+	tmp := f + ".tmp"
+	err := os.WriteFile(tmp, []byte(p.sessionID()), 0o600)
+	if err == nil {
+		err = os.Rename(tmp, f)
+	}
+	if err != nil {
+		p.in.com.log.Warn("could not record the broker session (only the warning about a session the broker lost depends on it)", "file", f, "err", err)
+	}
 }
 
 // dropConnection closes the broker connection in use, so paho reconnects.

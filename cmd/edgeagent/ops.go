@@ -60,14 +60,15 @@ Examples:
 
 %s
 Read-only. While the agent runs this goes through its status endpoint;
-when it is stopped, through the files in data_dir. Times are RFC 3339
-(2026-11-29T10:00:00Z), a date (2026-11-29), Unix seconds or Unix
-milliseconds (as window starts are on the wire: 1795946400000).
+when it is stopped, through the files in data_dir.
+--from and --to select by %s.
+Times are RFC 3339 (2026-11-29T10:00:00Z), a date (2026-11-29), Unix
+seconds or Unix milliseconds (1795946400000).
 
 Examples:
   edgeagent inspect %s -c /etc/edgeagent/config.yaml --limit 20
   edgeagent inspect %s -c ./config.yaml --device press-7 --from 2026-11-29 --json
-`, table, inspectExtraFlags[table], inspectSummary[table]+".", table, table),
+`, table, inspectExtraFlags[table], inspectSummary[table]+".", inspectTimeField[table], table, table),
 			run: func(ctx context.Context, e *env, args []string) int { return inspectCmd(ctx, e, table, args) },
 		})
 	}
@@ -118,6 +119,14 @@ var inspectSummary = map[string]string{
 	"late":       "list readings refused as too late, with the watermark they missed",
 	"deadletter": "list records that could not become readings, with the reason",
 	"outbox":     "list aggregates and alerts waiting for the uplink",
+}
+
+// inspectTimeField is what --from and --to select on in each table.
+var inspectTimeField = map[string]string{
+	"bronze":     "the time the agent received the message",
+	"late":       "the reading's event time",
+	"deadletter": "the time the agent received the message",
+	"outbox":     "the time the aggregate or alert was queued\n(emitted_at), not a window's start",
 }
 
 var inspectExtraFlags = map[string]string{

@@ -491,7 +491,6 @@ func (e *Engine) evaluate(tx *bolt.Tx, ri int, a *wire.Aggregate, at int64) erro
 	want, streak := s.want, s.streak
 	if revision {
 		want, streak = s.baseWant, s.baseStreak
-		s.value = s.baseValue
 	}
 	cond := r.when
 	if want {
@@ -506,7 +505,7 @@ func (e *Engine) evaluate(tx *bolt.Tx, ri int, a *wire.Aggregate, at int64) erro
 	}
 	prev := s.want
 	if !revision {
-		s.baseWant, s.baseStreak, s.baseValue = s.want, s.streak, s.value
+		s.baseWant, s.baseStreak = s.want, s.streak
 		s.lastStart, s.evaluated = a.Start, true
 	}
 	s.lastEnd, s.lastAt = a.End, e.clock

@@ -570,16 +570,9 @@ func TestConfigErrors(t *testing.T) {
 func TestStateEncoding(t *testing.T) {
 	s := &state{evaluated: true, lastStart: -5, lastEnd: 1 << 40, lastAt: 7, streak: 3, baseStreak: 2,
 		want: true, firing: true, baseWant: false, value: math.Inf(-1), hasTrans: true, transAt: 9, transStart: -1, suppressed: 4}
-	s.baseValue = 3
 	got, err := decodeState(encodeState(s))
 	if err != nil || *got != *s {
 		t.Fatalf("state round trip: %+v, %v", got, err)
-	}
-	// A row written before baseValue existed: baseValue is value.
-	old := encodeState(s)
-	got, err = decodeState(old[:len(old)-8])
-	if err != nil || got.baseValue != s.value {
-		t.Fatalf("state row without baseValue: %+v, %v", got, err)
 	}
 	for _, part := range []uint32{0, 3} {
 		g := &group{at: 5, count: 3, fired: 2, cleared: 1, seqs: []uint64{1, 9}, summarySeq: 4, devices: []string{"a", ""}, part: part}

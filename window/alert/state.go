@@ -42,11 +42,13 @@ type state struct {
 	streak, baseStreak uint32
 	want, baseWant     bool
 	// value is the aggregate want's condition compares, in the latest
-	// window where that condition held (NaN before any did); baseValue is
-	// value before the latest window, for a revision. A transition sent
-	// later, with another window, so reports a value that meets its
-	// condition.
-	value, baseValue float64
+	// window where that condition held (NaN before any did): a transition
+	// sent later, with another window, so reports a value that meets its
+	// condition. (Not restored for a revision, which would need one more
+	// stored field and a row the previous release cannot read: a revision
+	// that undoes a transition while its window sits in the hysteresis band
+	// keeps the undone transition's value.)
+	value float64
 	// firing is the last state sent out (what subscribers believe).
 	firing bool
 	// hasTrans: a transition was sent, at logged time transAt, keyed with
@@ -96,9 +98,7 @@ func encodeState(s *state) []byte {
 	b = binary.BigEndian.AppendUint64(b, math.Float64bits(s.value))
 	b = binary.AppendVarint(b, s.transAt)
 	b = binary.AppendVarint(b, s.transStart)
-	b = binary.AppendUvarint(b, uint64(s.suppressed))
-	// Last, so rows written before it existed decode (baseValue = value).
-	return binary.BigEndian.AppendUint64(b, math.Float64bits(s.baseValue))
+	return binary.AppendUvarint(b, uint64(s.suppressed))
 }
 
 func decodeState(b []byte) (*state, error) {
@@ -116,10 +116,6 @@ func decodeState(b []byte) (*state, error) {
 	s.value = math.Float64frombits(d.u64())
 	s.transAt, s.transStart = d.varint(), d.varint()
 	s.suppressed = d.uvarint32()
-	s.baseValue = s.value
-	if len(d.b) > 0 {
-		s.baseValue = math.Float64frombits(d.u64())
-	}
 	if d.err != nil || len(d.b) != 0 {
 		return nil, fmt.Errorf("%w: state row", ErrCorruptState)
 	}

@@ -33,6 +33,9 @@ import (
 const (
 	BronzeFile = "bronze.db"
 	StateFile  = "state.db"
+	// SessionFile names the broker and client id the agent last subscribed
+	// with, so a broker that lost that session can be told from a new one.
+	SessionFile = "mqtt-session"
 )
 
 // HintError is an error with a next step for the person at the keyboard.
@@ -104,9 +107,7 @@ func Open(cfg *config.Config, opts Options) (*Agent, error) {
 		a.Close()
 		return nil, err
 	}
-	if bs, err := a.Bronze.Stats(); err == nil && bs.LastSeq > 0 {
-		icfg.Resuming = true // the broker should have kept a session
-	}
+	icfg.SessionFile = filepath.Join(cfg.DataDir, SessionFile)
 	a.Ingest, err = ingest.New(a.Bronze, icfg)
 	if err != nil {
 		a.Close()

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -37,8 +36,8 @@ func (s *statusSource) Ready() (bool, string) {
 	if st.CommitFailing.Load() {
 		return false, "Bronze commits are failing: " + st.LastCommitError()
 	}
-	if e := st.SubscribeError(); strings.Contains(e, "refused") {
-		return false, "the broker refused a subscription: " + e
+	if st.SubscribeRefused() {
+		return false, "the broker refused a subscription: " + st.SubscribeError()
 	}
 	return true, ""
 }
