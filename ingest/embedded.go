@@ -42,7 +42,7 @@ func (e *embedded) start(ctx context.Context) error {
 	// mochi logs every connect at info; keep its warnings only.
 	mlog := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if cfg.Logger.Enabled(ctx, slog.LevelWarn) {
-		mlog = cfg.Logger.With("component", "broker")
+		mlog = slog.New(untitled{cfg.Logger.Handler()}).With("component", "broker")
 	}
 	caps := mochi.NewDefaultServerCapabilities()
 	caps.MaximumClientWritesPending = int32(cfg.EmbeddedMaxPendingWrites)
@@ -107,6 +107,20 @@ func (e *embedded) stop() {
 }
 
 func (e *embedded) connected() bool { return e.up.Load() }
+
+// untitled gives mochi's log lines that have no message one (it logs a
+// client's read error, such as a packet over the size bound, as msg="").
+type untitled struct{ slog.Handler }
+
+func (h untitled) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == "" {
+		r.Message = "broker: a client's connection ended with an error"
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h untitled) WithAttrs(as []slog.Attr) slog.Handler { return untitled{h.Handler.WithAttrs(as)} }
+func (h untitled) WithGroup(name string) slog.Handler    { return untitled{h.Handler.WithGroup(name)} }
 
 // embeddedPacketSlack is what a packet may hold besides its payload: the
 // largest topic, a packet id, MQTT 5 properties.

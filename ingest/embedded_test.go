@@ -463,6 +463,9 @@ func TestEmbeddedBoundsPacketSize(t *testing.T) {
 	if !strings.Contains(logs.String(), "larger than max_payload_bytes") || !strings.Contains(logs.String(), "device-huge") {
 		t.Errorf("no warning naming the client:\n%s", logs.String())
 	}
+	if strings.Contains(logs.String(), `msg=""`) {
+		t.Errorf("a log line without a message:\n%s", logs.String())
+	}
 	pub.Publish(t, "sensors/d2/telemetry", 1, []byte(`{"id":"after"}`))
 	if got := messagesIn(t, b); got[`{"id":"after"}`].Topic != "sensors/d2/telemetry" {
 		t.Fatalf("bronze holds %v, want the later device's message", got)
