@@ -89,6 +89,8 @@ type Stats struct {
 	// the agent where it should have kept one: what it had queued for the
 	// agent is gone.
 	SessionsLost atomic.Uint64
+	// SessionLostAt is when the last one was seen (Unix ns, 0 for never).
+	SessionLostAt atomic.Int64
 
 	mu sync.Mutex
 	// subscribeErr says which subscriptions the broker refused or

@@ -182,6 +182,7 @@ func (p *pahoSource) checkSession() {
 		return
 	}
 	p.in.stats.SessionsLost.Add(1)
+	p.in.stats.SessionLostAt.Store(p.in.cfg.Clock().UnixNano())
 	p.in.com.log.Warn("the broker had no session for the agent: messages it queued while the agent was away are lost (keep sessions across broker restarts: mosquitto's persistence true; check persistent_client_expiration)",
 		"broker", p.in.cfg.Broker, "client_id", p.in.cfg.ClientID)
 }

@@ -61,6 +61,7 @@ func (s *statusSource) Snapshot() status.Snapshot {
 		Reconnects:         in.Reconnects.Load(),
 		BrokerDropped:      in.BrokerDropped.Load(),
 		SessionsLost:       in.SessionsLost.Load(),
+		SessionLostAt:      unixNanoTime(in.SessionLostAt.Load()),
 		SubscribeError:     in.SubscribeError(),
 		Rejected:           in.Rejected(),
 		BronzeFull:         in.Full.Load(),
@@ -185,4 +186,12 @@ func (s *statusSource) Snapshot() status.Snapshot {
 		}
 	}
 	return snap
+}
+
+// unixNanoTime is t (Unix ns) as a UTC time, the zero time for 0.
+func unixNanoTime(t int64) time.Time {
+	if t == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, t).UTC()
 }

@@ -235,6 +235,8 @@ const (
 	bronzeNearFraction = 0.8
 	linkDownWarnAfter  = 5 * time.Minute
 	backlogWarnRecords = 1000
+	// sessionLostWarnFor is how long a lost broker session stays a warning.
+	sessionLostWarnFor = time.Hour
 	// clockBackWarnAfter: an NTP step of a few seconds is no news.
 	clockBackWarnAfter = time.Minute
 )
@@ -248,8 +250,11 @@ func Warnings(snap *Snapshot, trigger time.Duration) []string {
 	if snap.Ingest.SubscribeError != "" {
 		w = append(w, "the broker did not grant every subscription: "+snap.Ingest.SubscribeError)
 	}
-	if n := snap.Ingest.SessionsLost; n > 0 {
-		w = append(w, fmt.Sprintf("the broker lost the agent's session %d time(s) since start: what it had queued for the agent then is gone (keep sessions across broker restarts: mosquitto's persistence true)", n))
+	// An event, not a state: it warns for a while, and the counter and
+	// session_lost_at keep it after that.
+	if at := snap.Ingest.SessionLostAt; !at.IsZero() && snap.Time.Sub(at) < sessionLostWarnFor {
+		w = append(w, fmt.Sprintf("the broker lost the agent's session at %s (%d time(s) since start): what it had queued for the agent then is gone (keep sessions across broker restarts: mosquitto's persistence true)",
+			at.Format(time.RFC3339), snap.Ingest.SessionsLost))
 	}
 	if snap.Ingest.BronzeFull {
 		w = append(w, "Bronze is full of unprocessed records: acknowledgements are held, the broker is queueing")

@@ -48,6 +48,8 @@ type Ingest struct {
 	// SessionsLost counts connects on which the broker had no session
 	// for the agent where it should have kept one (since start).
 	SessionsLost uint64 `json:"sessions_lost_total"`
+	// SessionLostAt is when the last was seen (zero: never).
+	SessionLostAt time.Time `json:"session_lost_at,omitzero"`
 	// SubscribeError names subscriptions the broker refused or granted at
 	// a lower QoS on the last connect.
 	SubscribeError string            `json:"subscribe_error,omitempty"`

@@ -188,6 +188,16 @@ func TestWarnings(t *testing.T) {
 	if w := Warnings(&back, time.Second); len(w) != 0 {
 		t.Errorf("warned of a one-second clock step: %v", w)
 	}
+	// A session the broker lost is an event: a warning for an hour, then
+	// only the counter keeps it.
+	lost := Snapshot{Time: snap.Time, Ingest: Ingest{Connected: true, SessionsLost: 2, SessionLostAt: snap.Time.Add(-10 * time.Minute)}, Uplink: Uplink{State: "up"}}
+	if w := strings.Join(Warnings(&lost, time.Second), "\n"); !strings.Contains(w, "the broker lost the agent's session at 2026-11-29T11:50:00Z (2 time(s) since start)") {
+		t.Errorf("no warning for a session lost 10 minutes ago: %q", w)
+	}
+	lost.Ingest.SessionLostAt = snap.Time.Add(-2 * time.Hour)
+	if w := Warnings(&lost, time.Second); len(w) != 0 {
+		t.Errorf("still warned of a session lost two hours ago: %v", w)
+	}
 	calm := Snapshot{Ingest: Ingest{Connected: true}, Uplink: Uplink{State: "up"}}
 	if w := Warnings(&calm, time.Second); len(w) != 0 {
 		t.Errorf("a healthy agent has warnings: %v", w)
