@@ -144,19 +144,12 @@ func (s *Stats) LastError() string {
 }
 
 // SubscribeError says which subscriptions the broker refused or granted
-// at a lower QoS on the last connect, "" when it granted them all.
-func (s *Stats) SubscribeError() string {
+// at a lower QoS on the last connect ("" when it granted them all), and
+// whether it refused any.
+func (s *Stats) SubscribeError() (msg string, refused bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.subscribeErr
-}
-
-// SubscribeRefused reports whether the broker refused a subscription on
-// the last connect.
-func (s *Stats) SubscribeRefused() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.subscribeRefused
+	return s.subscribeErr, s.subscribeRefused
 }
 
 func (s *Stats) setSubscribeErr(msg string, refused bool) {

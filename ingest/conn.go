@@ -150,13 +150,11 @@ func (c *bufferedConn) readLargePublish(h byte, n int) error {
 	if h>>1&3 == 1 {
 		head += 2 // packet id
 	}
-	body, err := appendN(nil, c.r, min(n, 2))
+	body, err := appendN(nil, c.r, 2) // n is over the read buffer's size
 	if err != nil {
 		return err
 	}
-	if len(body) == 2 {
-		head += int(body[0])<<8 | int(body[1])
-	}
+	head += int(body[0])<<8 | int(body[1])
 	if c.maxPayload <= 0 || n-head <= c.maxPayload {
 		if body, err = appendN(body, c.r, n-len(body)); err != nil {
 			return err

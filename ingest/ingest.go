@@ -240,8 +240,8 @@ func (in *Ingester) classify(topicName string, qos byte, retained, dup bool, pay
 		rec.Topic = fmt.Sprintf("%q", topicName)
 		return reject(ReasonBadTopic, "topic is not valid UTF-8")
 	}
-	if in.cfg.MaxPayloadBytes > 0 && max(size, len(payload)) > in.cfg.MaxPayloadBytes {
-		return reject(ReasonOversized, fmt.Sprintf("payload is %d bytes, max_payload_bytes is %d", max(size, len(payload)), in.cfg.MaxPayloadBytes))
+	if in.cfg.MaxPayloadBytes > 0 && size > in.cfg.MaxPayloadBytes {
+		return reject(ReasonOversized, fmt.Sprintf("payload is %d bytes, max_payload_bytes is %d", size, in.cfg.MaxPayloadBytes))
 	}
 	if !in.matches(topicName) {
 		detail := "topic matches no subscription template"

@@ -36,11 +36,16 @@ type pahoSource struct {
 	sessionPresent atomic.Bool
 	sessionKnown   atomic.Bool
 	connects       atomic.Uint64
+	// hadSession: SessionFile named this broker and client id at start,
+	// so the broker should have kept the session; recorded: it does now.
+	hadSession bool
+	recorded   atomic.Bool
 }
 
 func (p *pahoSource) start(ctx context.Context) error {
 	cfg := p.in.cfg
 	log := p.in.com.log
+	p.readSession()
 	opts := paho.NewClientOptions().
 		AddBroker(cfg.Broker).
 		SetClientID(cfg.ClientID).
@@ -174,11 +179,12 @@ func (p *pahoSource) start(ctx context.Context) error {
 }
 
 // checkSession warns when the broker kept no session for the agent where
-// it should have: on a reconnect, or on a first connect when Bronze holds
-// an earlier run's messages. What it had queued for the agent is lost.
+// it should have: on a reconnect, or on a first connect when an earlier
+// run subscribed at this broker under this client id (SessionFile). What
+// it had queued for the agent is lost.
 func (p *pahoSource) checkSession() {
 	n := p.connects.Add(1)
-	if !p.sessionKnown.Load() || p.sessionPresent.Load() || (n == 1 && !p.hadSession()) {
+	if !p.sessionKnown.Load() || p.sessionPresent.Load() || (n == 1 && !p.hadSession) {
 		return
 	}
 	p.in.stats.SessionsLost.Add(1)
@@ -192,22 +198,21 @@ func (p *pahoSource) sessionID() string {
 	return p.in.cfg.Broker + "\n" + p.in.cfg.ClientID + "\n"
 }
 
-// hadSession reports whether an earlier run subscribed at this broker
-// under this client id, so the broker should have kept its session.
-func (p *pahoSource) hadSession() bool {
-	if p.in.cfg.SessionFile == "" {
-		return false
+// readSession reads SessionFile once, at start.
+func (p *pahoSource) readSession() {
+	if f := p.in.cfg.SessionFile; f != "" {
+		b, err := os.ReadFile(f)
+		p.hadSession = err == nil && string(b) == p.sessionID()
+		p.recorded.Store(p.hadSession)
 	}
-	b, err := os.ReadFile(p.in.cfg.SessionFile)
-	return err == nil && string(b) == p.sessionID()
 }
 
-// recordSession writes SessionFile after a connect that subscribed, if it
-// does not already name this session. A failure only costs the warning
-// about a lost session at the next start.
+// recordSession writes SessionFile after the first connect that
+// subscribed, if it did not already name this session. A failure only
+// costs the warning about a lost session at the next start.
 func (p *pahoSource) recordSession() {
 	f := p.in.cfg.SessionFile
-	if f == "" || p.hadSession() {
+	if f == "" || p.recorded.Swap(true) {
 		return
 	}
 	tmp := f + ".tmp"

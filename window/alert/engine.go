@@ -657,22 +657,20 @@ func (e *Engine) localAlert(tx *bolt.Tx, k skey, r *rule, m *AlertMessage, at in
 		g.seqs = append(g.seqs, seq)
 	} else {
 		// A storm: the individual messages of this group give way to one
-		// summary, rewritten as the group grows. Rows of an earlier
-		// transaction may already be published: those stay counted.
+		// summary, rewritten as the group grows.
 		var drop []uint64
 		switch {
 		case g.count == e.threshold+1:
-			drop = g.seqs
+			// Rows of an earlier transaction may already be published:
+			// those went out and stay counted.
+			drop = slices.DeleteFunc(g.seqs, func(seq uint64) bool { return !outbox.Has(tx, seq) })
 			g.seqs = nil
 			e.txc.summaries++
+			e.txc.folded += uint64(len(drop))
 		case g.summarySeq == 0: // a new part
 			e.txc.summaries++
-		default:
+		default: // still queued: a published summary started a new part above
 			drop = []uint64{g.summarySeq}
-		}
-		drop = slices.DeleteFunc(drop, func(seq uint64) bool { return !outbox.Has(tx, seq) })
-		if g.count == e.threshold+1 {
-			e.txc.folded += uint64(len(drop))
 		}
 		if err := outbox.Delete(tx, drop...); err != nil {
 			return fmt.Errorf("fold local alerts of %s: %w", r.name, err)

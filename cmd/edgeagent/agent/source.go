@@ -36,8 +36,8 @@ func (s *statusSource) Ready() (bool, string) {
 	if st.CommitFailing.Load() {
 		return false, "Bronze commits are failing: " + st.LastCommitError()
 	}
-	if st.SubscribeRefused() {
-		return false, "the broker refused a subscription: " + st.SubscribeError()
+	if msg, refused := st.SubscribeError(); refused {
+		return false, "the broker refused a subscription: " + msg
 	}
 	return true, ""
 }
@@ -48,6 +48,7 @@ func (s *statusSource) Snapshot() status.Snapshot {
 	snap := status.Snapshot{Gateway: a.cfg.GatewayID, Version: a.opts.Version, Time: now.UTC(), UptimeSeconds: now.Sub(s.started).Seconds()}
 
 	in := a.Ingest.Stats()
+	subscribeErr, _ := in.SubscribeError()
 	snap.Ingest = status.Ingest{
 		Broker:             a.cfg.MQTT.Broker,
 		Connected:          a.Ingest.Connected(),
@@ -62,7 +63,7 @@ func (s *statusSource) Snapshot() status.Snapshot {
 		BrokerDropped:      in.BrokerDropped.Load(),
 		SessionsLost:       in.SessionsLost.Load(),
 		SessionLostAt:      unixNanoTime(in.SessionLostAt.Load()),
-		SubscribeError:     in.SubscribeError(),
+		SubscribeError:     subscribeErr,
 		Rejected:           in.Rejected(),
 		BronzeFull:         in.Full.Load(),
 		BronzeFullTotal:    in.FullTotal.Load(),
