@@ -21,8 +21,15 @@ func init() { metrics.ExposeMetadata(true) }
 // counted and no registry mirrors them.
 func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	WriteMetrics(w, s.Current())
-	metrics.WriteProcessMetrics(w)
+	snap := s.Current()
+	err := writeWithHelp(w, func(w io.Writer) {
+		WriteMetrics(w, snap)
+		metrics.WriteProcessMetrics(w)
+	})
+	if err != nil {
+		// A scraper that went away mid-response: nothing else to do.
+		s.cfg.Logger.Debug("status: write /metrics", "err", err)
+	}
 }
 
 // WriteMetrics writes snap as Prometheus metrics.

@@ -357,3 +357,37 @@ func TestParseTime(t *testing.T) {
 		t.Errorf("ParseTime(yesterday) = %v, want an error naming the forms", err)
 	}
 }
+
+// Every edgeagent_ family has HELP text, and every entry of metricHelp is
+// a family that is written (a renamed metric leaves no stale text).
+func TestMetricsHaveHelp(t *testing.T) {
+	snap := sampleSnapshot()
+	snap.Alerts = &Alerts{Rules: 1, FiringByRule: map[string]int{"hot": 1}}
+	src := &fakeSource{snap: snap, ready: true}
+	s := startServer(t, Config{TriggerInterval: time.Second}, src)
+	_, body := get(t, "http://"+s.Addr()+"/metrics", "")
+	helped := map[string]bool{}
+	sc := bufio.NewScanner(strings.NewReader(body))
+	for sc.Scan() {
+		l := sc.Text()
+		if !strings.HasPrefix(l, "# TYPE edgeagent_") {
+			if rest, ok := strings.CutPrefix(l, "# HELP "); ok {
+				name, text, _ := strings.Cut(rest, " ")
+				helped[name] = text != ""
+			}
+			continue
+		}
+		name := strings.Fields(l)[2]
+		if !helped[name] {
+			t.Errorf("%s has no HELP text (add it to metricHelp)", name)
+		}
+	}
+	for name := range metricHelp {
+		if _, ok := helped[name]; !ok {
+			t.Errorf("metricHelp has %s, which /metrics does not write", name)
+		}
+	}
+	if !strings.Contains(body, "# HELP edgeagent_uplink_failing_seconds How long batches have been refused") {
+		t.Errorf("HELP text not in the exposition:\n%.600s", body)
+	}
+}
