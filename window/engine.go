@@ -308,6 +308,18 @@ func (d *device) wm(delayMs int64) int64 {
 	return d.maxT - delayMs
 }
 
+// lateWatermark is the watermark a late row reports: the device's own.
+// The horizon only grows, so after a change of delay or lateness it is not
+// that watermark less the lateness now set; a device back from expiry has
+// no watermark yet, only the horizon it kept, which is reported as the
+// watermark that made it.
+func (d *device) lateWatermark(delayMs, lateMs int64) int64 {
+	if d.hasMax {
+		return d.wm(delayMs)
+	}
+	return d.finalBefore + lateMs
+}
+
 // process consumes one Bronze record.
 func (e *engine) process(r *buffer.Record) {
 	e.replaying = r.Seq <= e.suppressThrough
@@ -527,7 +539,7 @@ func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string)
 				e.c.Late++
 				if !e.suppressed() {
 					e.lates = append(e.lates, Late{Seq: seq, Device: dev.name, Metric: string(name), EventTime: t,
-						WindowStart: s, Value: m.v, Watermark: dev.finalBefore + e.lateMs})
+						WindowStart: s, Value: m.v, Watermark: dev.lateWatermark(e.delayMs, e.lateMs)})
 				}
 				continue
 			}

@@ -886,3 +886,40 @@ func TestCrashThenChangedSettings(t *testing.T) {
 		})
 	}
 }
+
+// A late row reports the device's watermark. The lateness horizon only
+// grows, so after a restart with a longer allowed lateness a reading can
+// be late against the old horizon: the row said that horizon plus the new
+// lateness, a watermark the device never had (found by an audit).
+func TestLateRowWatermarkAfterLatenessChange(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Size, cfg.Slide = 10*time.Second, 10*time.Second
+	cfg.WatermarkDelay, cfg.AllowedLateness = 0, time.Minute
+	db, br := openDB(t, "", true), openBronze(t, "")
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	s, err := New(db, br, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendAll(t, br, []buffer.Record{telemetry("d1", "1", at(100), at(100), 1)})
+	runToEnd(t, s)
+	if err := s.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	longer := cfg
+	longer.AllowedLateness = 10 * time.Minute
+	s2, err := New(db, br, longer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Window [30s, 40s) ended at the old horizon (100s − 1m): still final.
+	appendAll(t, br, []buffer.Record{telemetry("d1", "2", at(35), at(101), 2)})
+	runToEnd(t, s2)
+	rows := readLate(t, db)
+	if len(rows) != 1 || rows[0].WindowStart != at(30).UnixMilli() {
+		t.Fatalf("late rows %+v, want one for the window at 30s", rows)
+	}
+	if got, want := time.UnixMilli(rows[0].Watermark).UTC(), at(100); !got.Equal(want) {
+		t.Errorf("late row's watermark %v, want the device's %v", got, want)
+	}
+}
