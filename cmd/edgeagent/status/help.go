@@ -50,7 +50,7 @@ var metricHelp = map[string]string{
 	"edgeagent_window_dedup_entries":                  "Event ids held for deduplication.",
 	"edgeagent_window_devices":                        "Devices with state in the window stage.",
 	"edgeagent_window_state_bytes":                    "Estimated memory the window state takes.",
-	"edgeagent_late_readings_total":                   "Readings that arrived after their window's lateness horizon (the late table).",
+	"edgeagent_late_readings_total":                   "Late-table rows: one per metric of a reading and window that refused it, past its lateness horizon.",
 	"edgeagent_duplicate_readings_total":              "Readings dropped as duplicates of an event id already taken.",
 	"edgeagent_dead_letters_total":                    "Records the window stage could not use, by reason (the dead-letter table).",
 	"edgeagent_window_failing":                        "1 while window batches fail and are retried with backoff.",
