@@ -95,6 +95,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if len(rest) > 0 && (rest[0] == "-h" || rest[0] == "--help") && printGroup(stdout, name) {
 			return exitOK
 		}
+		if len(rest) > 0 && !strings.HasPrefix(rest[0], "-") && len(groupCommands(name)) > 0 {
+			// "inspect foo": say what was wrong before listing what is right.
+			e.errorf("unknown command %q", name+" "+rest[0])
+		}
 		if printGroup(stderr, name) {
 			return exitUsage
 		}
@@ -104,15 +108,21 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return c.run(ctx, e, rest)
 }
 
-// printGroup lists the commands whose first word is group, and reports
-// whether there were any.
-func printGroup(w io.Writer, group string) bool {
+// groupCommands are the commands whose first word is group.
+func groupCommands(group string) []*command {
 	var cs []*command
 	for _, c := range commands {
 		if strings.HasPrefix(c.name, group+" ") {
 			cs = append(cs, c)
 		}
 	}
+	return cs
+}
+
+// printGroup lists the commands whose first word is group, and reports
+// whether there were any.
+func printGroup(w io.Writer, group string) bool {
+	cs := groupCommands(group)
 	if len(cs) == 0 {
 		return false
 	}

@@ -5,6 +5,8 @@ import (
 	"context"
 	"strings"
 	"testing"
+
+	"github.com/edgeagent/edgeagent/cmd/edgeagent/agent"
 )
 
 // Help goes to stdout with exit 0, flags included, however it is asked
@@ -21,5 +23,25 @@ func TestHelpAndFlagErrors(t *testing.T) {
 	if code := Run(context.Background(), []string{"inspect", "late", "--bogus"}, &out, &errb); code != exitUsage || out.Len() != 0 ||
 		!strings.Contains(errb.String(), "flag provided but not defined: -bogus") || !strings.Contains(errb.String(), "Usage: edgeagent inspect late") {
 		t.Errorf("a flag error: exit %d, stdout %q, stderr %q", code, out.String(), errb.String())
+	}
+}
+
+// A typo in a table name or a reason code is said, exit 2; neither may
+// look like an empty table (found by an audit).
+func TestInspectTyposAreRefused(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"inspect", "foo"}, `unknown command "inspect foo"`},
+		{[]string{"inspect", "deadletter", "--reason", "time-past", "-c", "/nonexistent.yaml"}, `--reason "time-past" is not a dead-letter code (want one of unknown_topic,`},
+	} {
+		var out, errb bytes.Buffer
+		if code := Run(context.Background(), tc.args, &out, &errb); code != exitUsage || !strings.Contains(errb.String(), tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want exit %d and %q", tc.args, code, errb.String(), exitUsage, tc.want)
+		}
+	}
+	if err := agent.CheckReason("time_past"); err != nil {
+		t.Errorf("a real code refused: %v", err)
 	}
 }

@@ -353,6 +353,10 @@ func inspectCmd(ctx context.Context, e *env, table string, args []string) int {
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
+	if err := agent.CheckReason(reason); err != nil {
+		e.errorf("inspect %s: --%v", table, err)
+		return exitUsage
+	}
 	vals := url.Values{}
 	for k, v := range map[string]string{"device": *device, "from": *from, "to": *to, "reason": reason} {
 		if v != "" {

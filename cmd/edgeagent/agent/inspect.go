@@ -3,6 +3,8 @@ package agent
 import (
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -96,6 +98,15 @@ type OutboxAlert struct {
 	Suppressed uint32   `json:"suppressed,omitempty"`
 }
 
+// CheckReason refuses a dead-letter reason filter that is not a code: a
+// typo would list nothing, which reads as "no such dead letters".
+func CheckReason(code string) error {
+	if code == "" || slices.Contains(window.Codes, code) {
+		return nil
+	}
+	return fmt.Errorf("reason %q is not a dead-letter code (want one of %s)", code, strings.Join(window.Codes, ", "))
+}
+
 // Inspect implements status.Source's table views.
 func (t *Tables) Inspect(table string, q status.Query) (any, error) {
 	if q.Limit <= 0 {
@@ -107,6 +118,9 @@ func (t *Tables) Inspect(table string, q status.Query) (any, error) {
 	}
 	if q.Seq != 0 && (table == "late" || table == "deadletter") {
 		return nil, fmt.Errorf("%w: seq applies to bronze and outbox only", status.ErrBadQuery)
+	}
+	if err := CheckReason(q.Reason); err != nil {
+		return nil, fmt.Errorf("%w: %v", status.ErrBadQuery, err)
 	}
 	switch table {
 	case "bronze":

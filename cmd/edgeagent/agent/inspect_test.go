@@ -96,7 +96,7 @@ func TestInspectOutbox(t *testing.T) {
 	for _, tc := range []struct {
 		table string
 		q     status.Query
-	}{{"outbox", status.Query{Reason: "not_json"}}, {"bronze", status.Query{Reason: "not_json"}}, {"late", status.Query{Seq: 5}}, {"deadletter", status.Query{Seq: 5}}} {
+	}{{"outbox", status.Query{Reason: "not_json"}}, {"bronze", status.Query{Reason: "not_json"}}, {"late", status.Query{Seq: 5}}, {"deadletter", status.Query{Seq: 5}}, {"deadletter", status.Query{Reason: "time-past"}}} {
 		if _, err := tables.Inspect(tc.table, tc.q); !errors.Is(err, status.ErrBadQuery) {
 			t.Errorf("%s with %+v: %v, want ErrBadQuery", tc.table, tc.q, err)
 		}
