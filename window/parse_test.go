@@ -158,6 +158,23 @@ func TestTimeFormats(t *testing.T) {
 	if ms, err := rfc3339Ms([]byte("2024-03-01T13:00:00.5+01:00"), TimeAuto); err != timeOK || ms != 1709294400500 {
 		t.Errorf("rfc3339 = %d, %d", ms, err)
 	}
+	// RFC 3339 §5.6: a lowercase t and z are allowed; zone hours run 00-23
+	// (Go's parser refuses the first and takes +24:00, a day's shift).
+	for _, c := range []struct {
+		lit  string
+		want int64
+		err  timeErr
+	}{
+		{"2024-03-01t12:00:00.5z", 1709294400500, timeOK},
+		{"2024-03-01t13:00:00+01:00", 1709294400000, timeOK},
+		{"2024-03-01T12:00:00+24:00", 0, timeBadText},
+		{"2024-03-01T12:00:00-24:00", 0, timeBadText},
+		{"2024-03-01T12:00:00+23:59", 1709294400000 - (23*60+59)*60000, timeOK},
+	} {
+		if ms, err := rfc3339Ms([]byte(c.lit), TimeAuto); err != c.err || ms != c.want {
+			t.Errorf("rfc3339Ms(%s) = %d, %d; want %d, %d", c.lit, ms, err, c.want, c.err)
+		}
+	}
 	if _, err := rfc3339Ms([]byte("2024-03-01T12:00:00Z"), TimeUnixMs); err != timeNotNum {
 		t.Errorf("rfc3339 with unix_ms = %d, want timeNotNum", err)
 	}

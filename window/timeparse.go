@@ -75,7 +75,24 @@ func rfc3339Ms(s []byte, format string) (int64, timeErr) {
 	case TimeUnixS, TimeUnixMs, TimeUnixNs:
 		return 0, timeNotNum
 	}
-	t, err := time.Parse(time.RFC3339Nano, string(s))
+	str := string(s)
+	// RFC 3339 allows a lowercase t and z (its §5.6), which Go's parser
+	// refuses; and Go takes a zone offset of 24 hours, where RFC 3339's
+	// hours run 00–23 (a reading would be moved a day silently).
+	if n := len(str); n > 10 && (str[10] == 't' || str[n-1] == 'z') {
+		b := []byte(str)
+		if b[10] == 't' {
+			b[10] = 'T'
+		}
+		if b[n-1] == 'z' {
+			b[n-1] = 'Z'
+		}
+		str = string(b)
+	}
+	if n := len(str); n > 6 && (str[n-6] == '+' || str[n-6] == '-') && str[n-3] == ':' && str[n-5:n-3] > "23" {
+		return 0, timeBadText
+	}
+	t, err := time.Parse(time.RFC3339Nano, str)
 	if err != nil {
 		return 0, timeBadText
 	}
