@@ -374,7 +374,7 @@ func (c *Config) ApplyDerived() {
 	// rule it never wrote.
 	// A size that is itself wrong derives nothing: its error is enough,
 	// without echoes on keys the file never wrote.
-	if w := &c.Window; c.src != nil && w.Size > 0 {
+	if w := &c.Window; c.src != nil && w.Size > 0 && time.Duration(w.Size)%time.Millisecond == 0 {
 		if !c.written("window.slide") {
 			w.Slide = w.Size
 		}

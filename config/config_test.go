@@ -616,6 +616,18 @@ func TestEnvPlaceholderCollision(t *testing.T) {
 	}
 }
 
+// A size that is not whole milliseconds is the one problem reported: no
+// slide derived from it, no comparison of the default slide with it (an
+// audit saw "window.slide: 1.5ms is not a whole number…" on a key never
+// written).
+func TestSubMillisecondSizeIsOneProblem(t *testing.T) {
+	_, err := Parse("config.yaml", []byte(minimal+"window:\n  size: 1500us\n"), func(string) (string, bool) { return "", false })
+	var errs *Errors
+	if !errors.As(err, &errs) || len(errs.List) != 1 || !strings.Contains(err.Error(), "window.size: 1.5ms is not a whole number of milliseconds") {
+		t.Fatalf("Parse() = %v, want only the size's problem", err)
+	}
+}
+
 // Unwritten slide, idle_timeout and device_expiry follow window.size, so
 // that writing only the size gives tumbling windows of that size which no
 // idle close cuts short; written values are kept.

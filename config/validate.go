@@ -419,17 +419,20 @@ func (v *validator) window() {
 	v.positive("window.size", w.Size)
 	v.positive("window.slide", w.Slide)
 	// Window bounds travel in Unix milliseconds.
+	wholeMs := true
 	for _, d := range []struct {
 		key string
 		d   Duration
 	}{{"window.size", w.Size}, {"window.slide", w.Slide}} {
 		if d.d > 0 && time.Duration(d.d)%time.Millisecond != 0 {
 			v.add(d.key, "%s is not a whole number of milliseconds (window bounds are in milliseconds)", d.d)
+			wholeMs = false
 		}
 	}
-	// A size or slide that failed to decode kept its default; comparing
-	// the other with that default would report a problem that is not there.
-	if w.Size > 0 && w.Slide > 0 && !v.undecoded("window.size") && !v.undecoded("window.slide") {
+	// A size or slide that failed to decode kept its default, and one that
+	// is not whole milliseconds derived nothing; comparing the other with
+	// it would report a problem that is not there.
+	if w.Size > 0 && w.Slide > 0 && wholeMs && !v.undecoded("window.size") && !v.undecoded("window.slide") {
 		switch {
 		case w.Slide > w.Size:
 			v.add("window.slide", "%s is longer than window.size %s (windows would leave gaps)", w.Slide, w.Size)
