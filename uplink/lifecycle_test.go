@@ -116,3 +116,41 @@ func TestRateLimit(t *testing.T) {
 	}
 	t.Logf("%d bytes in %d batches, %v of waits at %d B/s", st.BytesSent, st.BatchesSent, slept, cfg.MaxBytesPerSecond)
 }
+
+// TestRateLimitedAcksAreNotTimeouts: with a bucket slow enough that
+// publishing a round of in-flight batches outlasts ack_timeout, the acks
+// that came in meanwhile are acks. The select that waits for the head's
+// ack had its timer and the ack both ready and picked either: half the
+// rounds ended in a false "acknowledgement timed out", a reconnect and the
+// round sent again (found by an audit at max_bytes_per_second 1024: 2.2×
+// the bytes of the backlog).
+func TestRateLimitedAcksAreNotTimeouts(t *testing.T) {
+	srv := startNATS(t, "in-process", 0)
+	db := openDB(t)
+	fx := makeFixture(t, 24, 4)
+	cfg := natsConfig(srv.URL())
+	cfg.MaxBatchRecords = max(1, fx.aggs/(3*maxInFlight)) // about three rounds
+	cfg.MaxBytesPerSecond = 1024
+	cfg.AckTimeout = 500 * time.Millisecond
+	fill(t, db, fx.rows, 100)
+	u := startUplink(t, db, cfg, func(u *Uplink) {
+		u.sleep = func(ctx context.Context, d time.Duration) error {
+			if d <= 0 {
+				return ctx.Err()
+			}
+			// Each wait the bucket asks for takes a fifth of the ack
+			// timeout of real time: a round of eight outlasts it.
+			return sleepCtx(ctx, cfg.AckTimeout/5)
+		}
+	})
+	u.waitDelivered(t, fx, 60*time.Second)
+	streamReceiver(t, srv.URL()).check(t, fx.truth(t))
+	st := u.Stats()
+	if st.BatchesSent < 2*maxInFlight {
+		t.Fatalf("%d batches sent: fewer than two rounds, nothing was tested", st.BatchesSent)
+	}
+	if st.AckTimeouts != 0 || st.Resends != 0 || st.Reconnects != 0 {
+		t.Errorf("%d batches: %d ack timeouts, %d resends, %d reconnects; want none (every ack came)",
+			st.BatchesSent, st.AckTimeouts, st.Resends, st.Reconnects)
+	}
+}
