@@ -210,9 +210,9 @@ func (n *NATSConfig) validate() error {
 			return configErr("uplink.nats.url", "%q: %v", u, err)
 		}
 		switch p.Scheme {
-		case "nats", "tls":
+		case "nats", "tls", "ws", "wss":
 		default:
-			return configErr("uplink.nats.url", "%q: scheme %q, want nats:// or tls://", u, p.Scheme)
+			return configErr("uplink.nats.url", "%q: scheme %q, want nats://, tls://, ws:// or wss://", u, p.Scheme)
 		}
 		if p.Host == "" {
 			return configErr("uplink.nats.url", "%q: no host", u)
@@ -263,9 +263,9 @@ func (m *MQTTConfig) validate() error {
 		return configErr("uplink.mqtt.broker", "%q: %v", m.Broker, err)
 	}
 	switch p.Scheme {
-	case "tcp", "mqtt", "ssl", "tls", "mqtts":
+	case "tcp", "mqtt", "ssl", "tls", "mqtts", "ws", "wss":
 	default:
-		return configErr("uplink.mqtt.broker", "%q: scheme %q, want tcp://, mqtt://, ssl://, tls:// or mqtts://", m.Broker, p.Scheme)
+		return configErr("uplink.mqtt.broker", "%q: scheme %q, want tcp://, mqtt://, ssl://, tls://, mqtts://, ws:// or wss://", m.Broker, p.Scheme)
 	}
 	if p.Host == "" {
 		return configErr("uplink.mqtt.broker", "%q: no host", m.Broker)

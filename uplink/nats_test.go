@@ -11,6 +11,7 @@ import (
 	"github.com/edgeagent/edgeagent/testrig/faultproxy"
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/edgeagent/edgeagent/testrig/mqtttest"
 	"github.com/edgeagent/edgeagent/testrig/natstest"
 	"github.com/edgeagent/edgeagent/uplink/wire"
 )
@@ -343,4 +344,33 @@ func TestNATSPublishNotPermitted(t *testing.T) {
 	if st := u.Stats(); st.BatchesSent != 0 || st.FailingSince.IsZero() {
 		t.Errorf("a denied publish: %+v", st)
 	}
+}
+
+// TestWebsocketUplinks: both transports over websocket URLs, as the config
+// reference allows (a link that only passes HTTP(S), say). config check
+// took ws:// and the uplink refused it at start (found by an audit).
+func TestWebsocketUplinks(t *testing.T) {
+	t.Run("nats", func(t *testing.T) {
+		wsPort := natstest.FreePort(t)
+		srv := natstest.Start(t, natstest.WithOptions(func(o *server.Options) {
+			o.Websocket.Host, o.Websocket.Port, o.Websocket.NoTLS = "127.0.0.1", wsPort, true
+		}))
+		natstest.CreateStream(t, srv.URL(), testStream, []string{testSubject}, 0)
+		db := openDB(t)
+		fx := makeFixture(t, 10, 4)
+		fill(t, db, fx.rows, 100)
+		u := startUplink(t, db, natsConfig(fmt.Sprintf("ws://127.0.0.1:%d", wsPort)))
+		u.waitDelivered(t, fx, 20*time.Second)
+		streamReceiver(t, srv.URL()).check(t, fx.truth(t))
+	})
+	t.Run("mqtt", func(t *testing.T) {
+		tcpURL, wsURL := mqtttest.StartMochiWebsocket(t)
+		collector := collectMQTT(t, tcpURL)
+		db := openDB(t)
+		fx := makeFixture(t, 10, 4)
+		fill(t, db, fx.rows, 100)
+		u := startUplink(t, db, mqttConfig(wsURL))
+		u.waitDelivered(t, fx, 20*time.Second)
+		collector.receiver(t).check(t, fx.truth(t))
+	})
 }

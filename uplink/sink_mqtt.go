@@ -48,7 +48,7 @@ func mqttOptions(cfg Config) (*paho.ClientOptions, error) {
 	if m.Username != "" {
 		o.SetUsername(m.Username).SetPassword(m.Password)
 	}
-	if m.TLS.enabled() || strings.HasPrefix(m.Broker, "ssl://") || strings.HasPrefix(m.Broker, "tls://") || strings.HasPrefix(m.Broker, "mqtts://") {
+	if m.TLS.enabled() || strings.HasPrefix(m.Broker, "ssl://") || strings.HasPrefix(m.Broker, "tls://") || strings.HasPrefix(m.Broker, "mqtts://") || strings.HasPrefix(m.Broker, "wss://") {
 		tc, err := m.TLS.build("uplink.mqtt.tls")
 		if err != nil {
 			return nil, err

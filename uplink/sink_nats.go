@@ -73,7 +73,7 @@ func natsOptions(cfg Config) ([]nats.Option, error) {
 	case n.Token != "":
 		opts = append(opts, nats.Token(n.Token))
 	}
-	if n.TLS.enabled() || strings.HasPrefix(n.URL, "tls://") {
+	if n.TLS.enabled() || strings.HasPrefix(n.URL, "tls://") || strings.HasPrefix(n.URL, "wss://") {
 		tc, err := n.TLS.build("uplink.nats.tls")
 		if err != nil {
 			return nil, err

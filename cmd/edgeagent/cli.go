@@ -16,7 +16,11 @@ import (
 
 	"github.com/edgeagent/edgeagent/cmd/edgeagent/agent"
 	"github.com/edgeagent/edgeagent/config"
+	"github.com/edgeagent/edgeagent/ingest"
 	"github.com/edgeagent/edgeagent/internal/lograte"
+	"github.com/edgeagent/edgeagent/uplink"
+	"github.com/edgeagent/edgeagent/window"
+	"github.com/edgeagent/edgeagent/window/alert"
 )
 
 // Exit codes.
@@ -360,6 +364,12 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 			fmt.Fprintf(e.stderr, "edgeagent: %s\n", hint.Hint)
 			return exitConfig
 		}
+		if invalidConfig(err) {
+			// A setting a stage refuses that config check let through: as
+			// much an invalid config as one config check finds.
+			fmt.Fprintf(e.stderr, "edgeagent: %v\n", err)
+			return exitConfig
+		}
 		return exitFail
 	}
 	if *once {
@@ -448,4 +458,14 @@ func setMaxProcs(log *slog.Logger, maxProcs int, env string) {
 	}
 	runtime.GOMAXPROCS(n)
 	log.Info("scheduler threads", "max_procs", n, "from", "processing.max_procs")
+}
+
+// invalidConfig reports whether err is a stage's refusal of its settings.
+func invalidConfig(err error) bool {
+	for _, target := range []error{ingest.ErrConfig, window.ErrInvalidConfig, alert.ErrInvalidConfig, uplink.ErrConfig} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
 }

@@ -3,10 +3,15 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 
 	"github.com/edgeagent/edgeagent/cmd/edgeagent/agent"
+	"github.com/edgeagent/edgeagent/ingest"
+	"github.com/edgeagent/edgeagent/uplink"
+	"github.com/edgeagent/edgeagent/window"
 )
 
 // Help goes to stdout with exit 0, flags included, however it is asked
@@ -43,5 +48,22 @@ func TestInspectTyposAreRefused(t *testing.T) {
 	}
 	if err := agent.CheckReason("time_past"); err != nil {
 		t.Errorf("a real code refused: %v", err)
+	}
+}
+
+// A stage that refuses its settings at start is an invalid config (exit
+// 3, which systemd does not restart), not a failure a restart may cure.
+func TestStageConfigErrorsAreConfigErrors(t *testing.T) {
+	for _, err := range []error{
+		fmt.Errorf("open uplink: %w", fmt.Errorf("%w: uplink.nats.url: scheme", uplink.ErrConfig)),
+		fmt.Errorf("%w: window.size", window.ErrInvalidConfig),
+		fmt.Errorf("%w: no subscriptions", ingest.ErrConfig),
+	} {
+		if !invalidConfig(err) {
+			t.Errorf("%v: not taken for an invalid config", err)
+		}
+	}
+	if invalidConfig(fmt.Errorf("open state: %w", os.ErrPermission)) {
+		t.Error("a permission error taken for an invalid config")
 	}
 }

@@ -66,6 +66,31 @@ func StartMochiWith(t testing.TB, hooks ...mochi.Hook) string {
 	return "tcp://" + addr
 }
 
+// StartMochiWebsocket is StartMochi with a websocket listener too: it
+// returns the broker's tcp:// and ws:// URLs.
+func StartMochiWebsocket(t testing.TB) (tcpURL, wsURL string) {
+	t.Helper()
+	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
+		t.Fatalf("mqtttest: mochi hook: %v", err)
+	}
+	tcpAddr := fmt.Sprintf("127.0.0.1:%d", FreePort(t))
+	wsAddr := fmt.Sprintf("127.0.0.1:%d", FreePort(t))
+	for _, l := range []listeners.Listener{
+		listeners.NewTCP(listeners.Config{ID: "tcp", Address: tcpAddr}),
+		listeners.NewWebsocket(listeners.Config{ID: "ws", Address: wsAddr}),
+	} {
+		if err := srv.AddListener(l); err != nil {
+			t.Fatalf("mqtttest: mochi listener: %v", err)
+		}
+	}
+	if err := srv.Serve(); err != nil {
+		t.Fatalf("mqtttest: mochi serve: %v", err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return "tcp://" + tcpAddr, "ws://" + wsAddr
+}
+
 // MosquittoPath returns the mosquitto binary, or skips the test with a clear
 // message when it is not installed (.ci/run installs it, so CI never skips).
 func MosquittoPath(t testing.TB) string {
