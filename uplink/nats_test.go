@@ -2,7 +2,9 @@ package uplink
 
 import (
 	"fmt"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -219,9 +221,9 @@ func TestNATSStreamMissing(t *testing.T) {
 	fx := makeFixture(t, 5, 2)
 	fill(t, db, fx.rows, 100)
 	u := startUplink(t, db, natsConfig(srv.URL()))
-	waitFor(t, 10*time.Second, "a publish error", func() bool {
-		e := u.Stats().LastError
-		return strings.Contains(e, "no response") || strings.Contains(e, "no responders") || strings.Contains(e, "timed out")
+	// The error says what is missing, naming the subject.
+	waitFor(t, 10*time.Second, "a publish error naming the subject", func() bool {
+		return strings.Contains(u.Stats().LastError, "no JetStream stream captures subject "+testSubject)
 	})
 	if st := u.Stats(); st.BatchesSent != 0 {
 		t.Fatalf("batches acknowledged without a stream: %+v", st)
@@ -253,6 +255,26 @@ func TestNATSStreamMissing(t *testing.T) {
 		u := startUplink(t, db, cfg)
 		u.waitDelivered(t, fx, 20*time.Second)
 		streamReceiver(t, srv.URL()).check(t, fx.truth(t))
+	})
+	// create_stream with the stream there on other subjects: nothing
+	// captures the agent's, and the log says so at connect (an audit saw
+	// only "no response from stream", forever).
+	t.Run("create_stream, stream on other subjects", func(t *testing.T) {
+		srv := natstest.Start(t)
+		natstest.CreateStream(t, srv.URL(), testStream, []string{"other.x"}, 0)
+		db := openDB(t)
+		fill(t, db, fx.rows, 100)
+		var logs lockedBuffer
+		cfg := natsConfig(srv.URL())
+		cfg.NATS.CreateStream = true
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		u := startUplink(t, db, cfg)
+		waitFor(t, 10*time.Second, "a publish error naming the subject", func() bool {
+			return strings.Contains(u.Stats().LastError, "no JetStream stream captures subject "+testSubject)
+		})
+		if l := logs.String(); !strings.Contains(l, "stream exists but does not capture the subject") || !strings.Contains(l, "stream_subjects=other.x") {
+			t.Errorf("no warning that stream %s does not capture %s:\n%s", testStream, testSubject, l)
+		}
 	})
 	// create_stream with the subject already in another stream (a fleet
 	// stream on edge.*.aggregates): the create is refused, and publishing
@@ -373,4 +395,22 @@ func TestWebsocketUplinks(t *testing.T) {
 		u.waitDelivered(t, fx, 20*time.Second)
 		collector.receiver(t).check(t, fx.truth(t))
 	})
+}
+
+// lockedBuffer is a log destination safe for the uplink's goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

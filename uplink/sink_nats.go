@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -134,8 +135,14 @@ func (s *natsSink) connect(ctx context.Context) error {
 func (s *natsSink) ensureStream(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, connectTimeout(s.cfg))
 	defer cancel()
-	err := jsapi.StreamInfo(ctx, s.nc, s.cfg.NATS.Stream)
+	subjects, err := jsapi.StreamInfo(ctx, s.nc, s.cfg.NATS.Stream)
 	if err == nil {
+		if !slices.ContainsFunc(subjects, func(f string) bool { return jsapi.SubjectMatches(f, s.cfg.NATS.Subject) }) {
+			// Another stream may capture it; if none does, every publish
+			// fails with no response, and this says why.
+			s.log.Warn("uplink: stream exists but does not capture the subject; publishes go to a stream that does, or get no response",
+				"stream", s.cfg.NATS.Stream, "stream_subjects", strings.Join(subjects, ","), "subject", s.cfg.NATS.Subject)
+		}
 		return nil
 	}
 	if !errors.Is(err, jsapi.ErrStreamNotFound) {
@@ -171,16 +178,23 @@ func (s *natsSink) publish(_ context.Context, m *message) (pendingAck, error) {
 	if err != nil {
 		return nil, err
 	}
-	return natsAck{f}, nil
+	return natsAck{f: f, subject: s.cfg.NATS.Subject}, nil
 }
 
 // natsAck is a PubAck future as a pendingAck.
-type natsAck struct{ f *jsapi.Future }
+type natsAck struct {
+	f       *jsapi.Future
+	subject string
+}
 
 func (a natsAck) done() <-chan struct{} { return a.f.Done() }
 
 func (a natsAck) result() (dup bool, err error) {
 	ack, err := a.f.Result()
+	if errors.Is(err, jsapi.ErrNoStreamResponse) {
+		// The server's answer names no cause; these are the ones there are.
+		err = fmt.Errorf("%w: no JetStream stream captures subject %s, or the account has no JetStream (create a stream on it, or set uplink.nats.create_stream for development)", err, a.subject)
+	}
 	return ack.Duplicate, err
 }
 

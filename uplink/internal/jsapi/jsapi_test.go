@@ -227,15 +227,15 @@ func TestPublishAfterClose(t *testing.T) {
 func TestStreamInfoAndCreate(t *testing.T) {
 	srv := natstest.Start(t)
 	nc := natstest.Connect(t, srv.URL())
-	if err := StreamInfo(ctx(t), nc, stream); !errors.Is(err, ErrStreamNotFound) {
+	if _, err := StreamInfo(ctx(t), nc, stream); !errors.Is(err, ErrStreamNotFound) {
 		t.Fatalf("info of a missing stream: %v", err)
 	}
 	cfg := StreamConfig{Name: stream, Subjects: []string{subject}, Duplicates: 2 * time.Minute}
 	if err := CreateStream(ctx(t), nc, cfg); err != nil {
 		t.Fatal(err)
 	}
-	if err := StreamInfo(ctx(t), nc, stream); err != nil {
-		t.Fatalf("info after create: %v", err)
+	if subjects, err := StreamInfo(ctx(t), nc, stream); err != nil || len(subjects) != 1 || subjects[0] != subject {
+		t.Fatalf("info after create: %v, %v", subjects, err)
 	}
 	// What the server made of it, read back with nats.go's jetstream.
 	js, err := jetstream.New(nc)
@@ -261,11 +261,31 @@ func TestStreamInfoAndCreate(t *testing.T) {
 	}
 }
 
+func TestSubjectMatches(t *testing.T) {
+	for _, tc := range []struct {
+		filter, subject string
+		want            bool
+	}{
+		{"edge.gw.aggregates", "edge.gw.aggregates", true},
+		{"edge.*.aggregates", "edge.gw.aggregates", true},
+		{"edge.>", "edge.gw.aggregates", true},
+		{">", "edge", true},
+		{"edge.>", "edge", false},
+		{"edge.*", "edge.gw.aggregates", false},
+		{"edge.gw.aggregates.more", "edge.gw.aggregates", false},
+		{"other.x", "edge.gw.aggregates", false},
+	} {
+		if got := SubjectMatches(tc.filter, tc.subject); got != tc.want {
+			t.Errorf("SubjectMatches(%q, %q) = %v, want %v", tc.filter, tc.subject, got, tc.want)
+		}
+	}
+}
+
 // TestStreamWithoutJetStream: a server with JetStream off answers nobody.
 func TestStreamWithoutJetStream(t *testing.T) {
 	srv := natstest.Start(t, natstest.WithOptions(func(o *server.Options) { o.JetStream = false }))
 	nc := natstest.Connect(t, srv.URL())
-	if err := StreamInfo(ctx(t), nc, stream); !errors.Is(err, nats.ErrNoResponders) {
+	if _, err := StreamInfo(ctx(t), nc, stream); !errors.Is(err, nats.ErrNoResponders) {
 		t.Fatalf("info without JetStream: %v", err)
 	}
 }

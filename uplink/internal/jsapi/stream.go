@@ -3,6 +3,8 @@ package jsapi
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -48,12 +50,39 @@ func (c StreamConfig) request() ([]byte, error) {
 	})
 }
 
-// StreamInfo asks whether the stream name exists: nil if it does, an error
-// matching ErrStreamNotFound if not, else the error that prevented the
-// answer (nats.ErrNoResponders when the server has no JetStream).
-func StreamInfo(ctx context.Context, nc *nats.Conn, name string) error {
-	_, err := streamRequest(ctx, nc, "$JS.API.STREAM.INFO."+name, nil)
-	return err
+// StreamInfo asks whether the stream name exists and returns its subjects
+// if it does; else an error matching ErrStreamNotFound, or the error that
+// prevented the answer (nats.ErrNoResponders when the server has no
+// JetStream).
+func StreamInfo(ctx context.Context, nc *nats.Conn, name string) (subjects []string, err error) {
+	r, err := streamRequest(ctx, nc, "$JS.API.STREAM.INFO."+name, nil)
+	if err != nil {
+		return nil, err
+	}
+	var cfg struct {
+		Subjects []string `json:"subjects"`
+	}
+	if err := json.Unmarshal(r.Config, &cfg); err != nil {
+		return nil, fmt.Errorf("%w: stream config: %v", ErrInvalidResponse, err)
+	}
+	return cfg.Subjects, nil
+}
+
+// SubjectMatches reports whether the literal subject matches filter, a
+// subject with NATS wildcards ("*" one token, ">" the rest).
+func SubjectMatches(filter, subject string) bool {
+	ft, st := strings.Split(filter, "."), strings.Split(subject, ".")
+	for i, f := range ft {
+		switch {
+		case f == ">":
+			return len(st) > i
+		case i >= len(st):
+			return false
+		case f != "*" && f != st[i]:
+			return false
+		}
+	}
+	return len(ft) == len(st)
 }
 
 // CreateStream creates a stream. Creating one that exists with the same
