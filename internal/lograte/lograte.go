@@ -6,12 +6,13 @@ package lograte
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 )
 
 // Handler passes records below Warn through unchanged and throttles the
-// rest per message.
+// rest per message and cause (see throttleKey).
 type Handler struct {
 	next     slog.Handler
 	interval time.Duration
@@ -51,8 +52,9 @@ func (h *Handler) Handle(ctx context.Context, r slog.Record) error {
 		return h.next.Handle(ctx, r)
 	}
 	now := h.now()
+	key := throttleKey(r)
 	h.state.mu.Lock()
-	e := h.state.seen[r.Message]
+	e := h.state.seen[key]
 	if e != nil && now.Sub(e.last) < h.interval {
 		e.suppressed++
 		h.state.mu.Unlock()
@@ -64,7 +66,7 @@ func (h *Handler) Handle(ctx context.Context, r slog.Record) error {
 			clear(h.state.seen)
 		}
 		e = &entry{}
-		h.state.seen[r.Message] = e
+		h.state.seen[key] = e
 	}
 	repeated, e.suppressed, e.last = e.suppressed, 0, now
 	h.state.mu.Unlock()
@@ -73,6 +75,52 @@ func (h *Handler) Handle(ctx context.Context, r slog.Record) error {
 		r.AddAttrs(slog.Int("repeated", repeated))
 	}
 	return h.next.Handle(ctx, r)
+}
+
+// throttleKey is the message and the shape of its "err": a new cause under
+// the same message (the link down for another reason) is logged at once,
+// not hidden for an interval behind the old one, while the same cause with
+// other batch ids, addresses or durations stays one key. The shape is the
+// text with every run of letters and digits that holds a digit made "#".
+func throttleKey(r slog.Record) string {
+	key := r.Message
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key != "err" {
+			return true
+		}
+		var b strings.Builder
+		b.WriteString(key)
+		b.WriteByte(0)
+		text := a.Value.Resolve().String()
+		for i := 0; i < len(text) && b.Len() < maxKeyLen; {
+			j := i
+			digit := false
+			for j < len(text) && isAlnum(text[j]) {
+				digit = digit || '0' <= text[j] && text[j] <= '9'
+				j++
+			}
+			switch {
+			case j == i:
+				b.WriteByte(text[i])
+				j++
+			case digit:
+				b.WriteByte('#')
+			default:
+				b.WriteString(text[i:j])
+			}
+			i = j
+		}
+		key = b.String()
+		return false
+	})
+	return key
+}
+
+// maxKeyLen bounds a key: the start of an error names its cause.
+const maxKeyLen = 256
+
+func isAlnum(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
 }
 
 // WithAttrs returns a handler sharing this one's throttle table.

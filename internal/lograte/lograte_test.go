@@ -36,3 +36,23 @@ func TestRepeatedErrorsAreThrottled(t *testing.T) {
 		t.Errorf("info lines must pass through: %d of 5", n)
 	}
 }
+
+// A new cause under the same message is logged at once; the same cause
+// with other ids and numbers is throttled (an audit saw the link's "no
+// servers available" hidden for 20 s behind an earlier, other error).
+func TestNewCauseIsNotThrottled(t *testing.T) {
+	var buf bytes.Buffer
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	log := slog.New(New(slog.NewTextHandler(&buf, nil), time.Minute, func() time.Time { return now }))
+	log.Warn("uplink: link down; reconnecting", "err", "ack batch gw-1-100-598744fc849dc781: nats: no response from stream")
+	log.Warn("uplink: link down; reconnecting", "err", "ack batch gw-101-200-0a9f44fc849dc7e2: nats: no response from stream")
+	log.Warn("uplink: link down; reconnecting", "err", "connect to nats nats://127.0.0.1:14222: nats: no servers available for connection")
+	log.Warn("uplink: link down; reconnecting", "err", "connect to nats nats://127.0.0.1:14223: nats: no servers available for connection")
+	got := buf.String()
+	if n := strings.Count(got, "link down"); n != 2 {
+		t.Fatalf("logged %d lines, want 2 (one for each cause):\n%s", n, got)
+	}
+	if !strings.Contains(got, "no servers available") {
+		t.Errorf("the new cause was throttled:\n%s", got)
+	}
+}
