@@ -48,7 +48,7 @@ func parseUnit(t *testing.T, path string) unitFile {
 
 // TestSystemdUnit checks the settings the agent's operation depends on:
 // the paths the package installs, no ExecStartPre (the config check is
-// run's own, so RestartPreventExitStatus sees its exit 3), no reload (the agent has none), a stop timeout above the agent's own 15 s
+// run's own, so RestartPreventExitStatus sees its exit 3), reload by SIGHUP, a stop timeout above the agent's own 15 s
 // drain, restart limits, the memory budget and the hardening.
 func TestSystemdUnit(t *testing.T) {
 	u := parseUnit(t, filepath.Join(repoRoot(t), "packaging", "edgeagent.service"))
@@ -105,8 +105,8 @@ func TestSystemdUnit(t *testing.T) {
 	if _, ok := u["Service"]["ExecStartPre"]; ok {
 		t.Errorf("ExecStartPre is set: systemd restarts a unit whose ExecStartPre fails whatever RestartPreventExitStatus says (systemd#11868); run checks the config itself")
 	}
-	if _, ok := u["Service"]["ExecReload"]; ok {
-		t.Errorf("ExecReload is set, but the agent cannot reload its config")
+	if r := u["Service"]["ExecReload"]; len(r) != 1 || r[0] != "/bin/kill -HUP $MAINPID" {
+		t.Errorf("ExecReload=%v, want /bin/kill -HUP $MAINPID (the agent reads its config again on SIGHUP)", r)
 	}
 	stop, err := time.ParseDuration(u["Service"]["TimeoutStopSec"][0])
 	if err != nil || stop < 20*time.Second {

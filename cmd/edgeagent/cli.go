@@ -331,6 +331,8 @@ Examples:
 }
 
 func runAgent(ctx context.Context, e *env, args []string) int {
+	hup, unnotify := notifyHangup()
+	defer unnotify()
 	c := lookup("run")
 	fs := newFlags(c, e)
 	path := fs.String("c", defaultConfigPath, "config file")
@@ -372,6 +374,9 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 		}
 		return exitFail
 	}
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	restart := watchHangup(ctx, hup, stop, log, *path)
 	if *once {
 		err = a.RunOnce(ctx)
 	} else {
@@ -382,6 +387,11 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	}
 	if err != nil {
 		log.Error("stopped with an error", "err", err)
+		return exitFail
+	}
+	if restart.Load() {
+		err := reexec()
+		log.Error("could not start again after SIGHUP; exiting for the service manager to restart", "err", err)
 		return exitFail
 	}
 	return exitOK

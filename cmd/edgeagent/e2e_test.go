@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -630,6 +631,60 @@ status: {listen: "%s", token: "${TOKEN}"}
 	// run and config check still need every variable.
 	if out, code := run([]string{"TOKEN=s3cret"}, "config", "check", "-c", cfgPath); code != exitConfig || !strings.Contains(out, "environment variable GW is not set") {
 		t.Errorf("config check with GW unset: exit %d\n%s", code, out)
+	}
+	p.stop(t)
+}
+
+// SIGHUP from a service manager (not a terminal) reads the config again:
+// the agent stops cleanly and starts again in place, same PID, with the
+// new settings; a file with problems is logged and the agent runs on.
+// Go's default had ended the process without the drain, which systemd
+// took for a clean exit and left stopped (found by an audit).
+func TestSighupReloadsConfig(t *testing.T) {
+	dir := t.TempDir()
+	statusAddr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+	head := embeddedAgentConfig("hup-gw", dir, fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))) +
+		fmt.Sprintf("\nstatus:\n  listen: %q\n", statusAddr)
+	cfgPath := writeConfig(t, dir, head+"processing:\n  trigger_interval: 1s\n")
+	p := startAgent(t, "run", "-c", cfgPath)
+	p.waitLog(t, "edgeagent starting")
+	interval := func() float64 {
+		resp, err := http.Get("http://" + statusAddr + "/status.json")
+		if err != nil {
+			return -1 // between the stop and the start again
+		}
+		defer resp.Body.Close()
+		var st struct {
+			Window struct {
+				TriggerIntervalSeconds float64 `json:"trigger_interval_seconds"`
+			} `json:"window"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+			return -1
+		}
+		return st.Window.TriggerIntervalSeconds
+	}
+	mqtttest.WaitFor(t, 10*time.Second, "status with trigger_interval 1s", func() bool { return interval() == 1 })
+
+	writeConfig(t, dir, head+"processing:\n  trigger_interval: 2s\n")
+	p.cmd.Process.Signal(syscall.SIGHUP)
+	mqtttest.WaitFor(t, 30*time.Second, "status with trigger_interval 2s", func() bool {
+		select {
+		case <-p.done:
+			t.Fatalf("agent exited after SIGHUP; logs:\n%s", p.logs)
+		default:
+		}
+		return interval() == 2
+	})
+	if n := strings.Count(p.logs.String(), "edgeagent starting"); n != 2 || !strings.Contains(p.logs.String(), "edgeagent stopped") {
+		t.Fatalf("want a clean stop and a second start in the same process; logs:\n%s", p.logs)
+	}
+
+	writeConfig(t, dir, head+"processing:\n  trigger_interval: soon\n")
+	p.cmd.Process.Signal(syscall.SIGHUP)
+	p.waitLog(t, "SIGHUP: the config has problems; running on")
+	if got := interval(); got != 2 {
+		t.Errorf("after a SIGHUP with a bad file: trigger interval %v, want the running 2s", got)
 	}
 	p.stop(t)
 }

@@ -261,7 +261,10 @@ func statusCmd(ctx context.Context, e *env, args []string) int {
 	if *asJSON {
 		enc := json.NewEncoder(e.stdout)
 		enc.SetIndent("", "  ")
-		enc.Encode(snap)
+		if err := enc.Encode(snap); err != nil {
+			e.errorf("status: %v", err)
+			return exitFail
+		}
 		return exitOK
 	}
 	printStatus(e.stdout, &snap, isTerminal(e.stdout))
@@ -280,11 +283,7 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
+	return ok && isTTY(f)
 }
 
 // printStatus prints the snapshot as a short table, warnings first.

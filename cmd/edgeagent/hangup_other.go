@@ -1,0 +1,17 @@
+//go:build !linux
+
+package main
+
+import (
+	"errors"
+	"os"
+)
+
+// isTTY reports whether f is a character device (a terminal, or
+// /dev/null, outside Linux).
+func isTTY(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+func reexec() error { return errors.New("starting again in place needs Linux; restart the agent") }
