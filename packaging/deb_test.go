@@ -351,6 +351,19 @@ func mustDebianVersion(t *testing.T, describe string) string {
 // --root` can load it.
 func linkSystemdTargets(t *testing.T, root string) {
 	t.Helper()
+	// ExecReload runs /bin/kill, which every Debian system has (procps,
+	// priority important) and a scratch root does not.
+	if kill, err := exec.LookPath("kill"); err == nil && !strings.HasPrefix(kill, root) {
+		dst := filepath.Join(root, "bin/kill")
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Lstat(dst); err != nil {
+			if err := os.WriteFile(dst, readBytes(t, kill), 0o755); err != nil {
+				t.Fatal(fmt.Errorf("copy %s: %w", kill, err))
+			}
+		}
+	}
 	for _, dir := range []string{"/usr/lib/systemd/system", "/lib/systemd/system"} {
 		matches, _ := filepath.Glob(filepath.Join(dir, "*.target"))
 		slices, _ := filepath.Glob(filepath.Join(dir, "*.slice"))
