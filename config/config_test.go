@@ -1,7 +1,9 @@
 package config
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -697,5 +699,38 @@ status:
 	// A key that is wrong for another reason is still refused.
 	if _, err := ParseReadOnly("config.yaml", []byte(yaml+"  tokn: x\n"), env); err == nil || !strings.Contains(err.Error(), "tokn") {
 		t.Errorf("ParseReadOnly with an unknown key = %v", err)
+	}
+}
+
+// Every whole config the docs show (a YAML block with gateway_id) is
+// valid as written, with its ${NAME} variables set and the files it names
+// not checked: a reader copies them (an audit found the fleet example in
+// install.md failing its own check).
+func TestDocExamplesAreValid(t *testing.T) {
+	block := regexp.MustCompile("(?s)```yaml\n(.*?)```")
+	files, err := filepath.Glob(filepath.Join("..", "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for _, f := range append(files, filepath.Join("..", "README.md")) {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range block.FindAllSubmatchIndex(data, -1) {
+			yaml := data[m[2]:m[3]]
+			if !bytes.Contains(yaml, []byte("gateway_id:")) {
+				continue // a fragment
+			}
+			name := fmt.Sprintf("%s:%d", filepath.Base(f), bytes.Count(data[:m[2]], []byte("\n"))+1)
+			if _, err := Parse(name, yaml, func(string) (string, bool) { return "gw-doc", true }); err != nil {
+				t.Errorf("the example at %s is invalid:\n%v", name, err)
+			}
+			checked++
+		}
+	}
+	if checked < 3 {
+		t.Errorf("checked %d examples; the README, config.md and install.md have whole ones", checked)
 	}
 }
