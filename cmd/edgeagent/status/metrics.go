@@ -25,6 +25,7 @@ func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
 	err := writeWithHelp(w, func(w io.Writer) {
 		WriteMetrics(w, snap)
 		metrics.WriteProcessMetrics(w)
+		metrics.WriteFDMetrics(w) // not part of the above (process_open_fds, process_max_fds)
 	})
 	if err != nil {
 		// A scraper that went away mid-response: nothing else to do.
@@ -99,7 +100,11 @@ func WriteMetrics(w io.Writer, snap Snapshot) {
 	c("edgeagent_late_rows_evicted_total", wn.LateRowsEvicted)
 	c("edgeagent_dead_letter_rows_evicted_total", wn.DeadLetterRowsEvicted)
 	c("edgeagent_devices_expired_total", wn.DevicesExpired)
-	g("edgeagent_end_to_end_lag_seconds", wn.LagSeconds)
+	// Absent until a reading was processed: a lag of 0 would look perfect
+	// on an agent that has seen nothing (subscribed to the wrong topic).
+	if !wn.LatestEventTime.IsZero() {
+		g("edgeagent_end_to_end_lag_seconds", wn.LagSeconds)
+	}
 	// The newest received-at the stage has seen; against time() it shows a
 	// gateway clock that went back (the stage's clock does not).
 	if !wn.LoggedClock.IsZero() {

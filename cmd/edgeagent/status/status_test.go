@@ -54,7 +54,7 @@ func sampleSnapshot() Snapshot {
 		Gateway: "gw-7", Version: "1.2.3", Time: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC), UptimeSeconds: 3600,
 		Ingest: Ingest{Broker: "tcp://127.0.0.1:1883", Connected: true, ReceivedTotal: 12345, Rejected: map[string]uint64{"payload_too_large": 2}, BrokerDropped: 6},
 		Bronze: Bronze{Records: 5000, Bytes: 900 << 20, MaxBytes: 1 << 30, BacklogRecords: 4321, UnprocessedBytes: 880 << 20},
-		Window: Window{LoggedClock: time.Date(2026, 11, 29, 12, 0, 1, 500e6, time.UTC), ProcessedTotal: 8024, OpenWindows: 40000, EvictedWindows: 36000, LagSeconds: 2.5, LastBatchSeconds: 1.5, TriggerIntervalSeconds: 1,
+		Window: Window{LoggedClock: time.Date(2026, 11, 29, 12, 0, 1, 500e6, time.UTC), LatestEventTime: time.Date(2026, 11, 29, 11, 59, 59, 0, time.UTC), ProcessedTotal: 8024, OpenWindows: 40000, EvictedWindows: 36000, LagSeconds: 2.5, LastBatchSeconds: 1.5, TriggerIntervalSeconds: 1,
 			DeadLettersTotal: 3, DeadLettersByReason: map[string]uint64{"not_json": 3}, LateTotal: 7, DuplicatesTotal: 11},
 		Outbox: Outbox{Rows: 77, Bytes: 250 << 20, MaxBytes: 256 << 20, OldestAge: 30},
 		Uplink: Uplink{Transport: "nats", State: "down", Since: time.Date(2026, 11, 29, 11, 59, 58, 0, time.UTC),
@@ -142,6 +142,19 @@ func TestMetricsExposition(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+	for _, fd := range []string{"process_open_fds", "process_max_fds"} {
+		if !strings.Contains(body, "\n"+fd+" ") {
+			t.Errorf("/metrics lacks %s (docs/operations.md promises file descriptors)", fd)
+		}
+	}
+	// No lag before a reading was processed: 0 would look perfect.
+	none := sampleSnapshot()
+	none.Window.LatestEventTime = time.Time{}
+	var nb strings.Builder
+	WriteMetrics(&nb, none)
+	if strings.Contains(nb.String(), "edgeagent_end_to_end_lag_seconds ") {
+		t.Errorf("a lag series before any reading:\n%s", nb.String())
 	}
 	if n := len(s.Current().Warnings); n == 0 || !strings.Contains(body, fmt.Sprintf("\nedgeagent_warnings %d\n", n)) {
 		t.Errorf("/metrics should count the %d warnings in edgeagent_warnings", n)
