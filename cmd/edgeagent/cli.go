@@ -275,6 +275,15 @@ func newLogger(w io.Writer, format, level string) *slog.Logger {
 	opts := &slog.HandlerOptions{Level: lv}
 	var h slog.Handler = slog.NewTextHandler(w, opts)
 	if format == "json" {
+		// slog's JSON writes a duration as integer nanoseconds
+		// ("in":161000000); the text format's "161ms" reads better and
+		// parses with Go's time.ParseDuration.
+		opts.ReplaceAttr = func(_ []string, a slog.Attr) slog.Attr {
+			if a.Value.Kind() == slog.KindDuration {
+				a.Value = slog.StringValue(a.Value.Duration().String())
+			}
+			return a
+		}
 		h = slog.NewJSONHandler(w, opts)
 	}
 	// A warning or error repeated during an outage logs once a minute with
@@ -289,7 +298,10 @@ func init() {
 		usage: `Usage: edgeagent run -c FILE [--once] [--log-format text|json]
 
 Runs the agent until SIGTERM or SIGINT, then finishes the batch in hand,
-flushes, closes the store and exits 0.
+flushes, closes the store and exits 0. SIGHUP reads the config again: if
+the file is valid the agent stops the same way and starts again in place
+with it; if not, it logs the problems and runs on (from a terminal, SIGHUP
+stops it).
 
 With --once it processes everything already in Bronze, emits what is due,
 tries to deliver the outbox to the uplink for up to uplink.ack_timeout (at

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/edgeagent/edgeagent/cmd/edgeagent/agent"
 	"github.com/edgeagent/edgeagent/ingest"
@@ -65,5 +66,15 @@ func TestStageConfigErrorsAreConfigErrors(t *testing.T) {
 	}
 	if invalidConfig(fmt.Errorf("open state: %w", os.ErrPermission)) {
 		t.Error("a permission error taken for an invalid config")
+	}
+}
+
+// JSON logs write durations as the text format does ("1.5s"), not as
+// integer nanoseconds.
+func TestJSONLogDurations(t *testing.T) {
+	var b bytes.Buffer
+	newLogger(&b, "json", "info").Info("uplink: link down; reconnecting", "in", 1500*time.Millisecond)
+	if !strings.Contains(b.String(), `"in":"1.5s"`) {
+		t.Errorf("JSON log line %s, want \"in\":\"1.5s\"", b.String())
 	}
 }
