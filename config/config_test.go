@@ -630,6 +630,21 @@ func TestSubMillisecondSizeIsOneProblem(t *testing.T) {
 	}
 }
 
+// A rule between two keys of which only one is written is reported on
+// that one's line: there is no other line the user wrote (an audit saw
+// "bnd.yaml: ingest.max_payload_bytes: …" with no line at all).
+func TestPairRuleOnTheWrittenLine(t *testing.T) {
+	_, err := Parse("config.yaml", []byte(minimal+"storage:\n  bronze_max_bytes: 64KiB\n"), noEnv)
+	var errs *Errors
+	if !errors.As(err, &errs) || len(errs.List) != 1 {
+		t.Fatalf("Parse() = %v, want one problem", err)
+	}
+	fe := errs.List[0]
+	if fe.Key != "ingest.max_payload_bytes" || fe.Line != strings.Count(minimal, "\n")+2 {
+		t.Errorf("reported as %s, want ingest.max_payload_bytes on the line of bronze_max_bytes (%d)", fe, strings.Count(minimal, "\n")+2)
+	}
+}
+
 // Unwritten slide, idle_timeout and device_expiry follow window.size, so
 // that writing only the size gives tumbling windows of that size which no
 // idle close cuts short; written values are kept.

@@ -25,6 +25,9 @@ type FieldError struct {
 	Column int    // 1-based; 0 when unknown
 	Key    string // full key path, e.g. "mqtt.subscriptions[0].qos"; "" for syntax errors
 	Msg    string
+	// at, when set, is the key whose line the problem is reported on: the
+	// other key of a rule between two, when only that one is written.
+	at string
 }
 
 // Error formats the problem as "file:line: key: message", leaving out the

@@ -57,7 +57,11 @@ func (c *Config) Validate() error {
 		file = c.src.file
 	}
 	for _, fe := range v.errs {
-		p := c.src.lineOf(fe.Key)
+		key := fe.Key
+		if fe.at != "" {
+			key = fe.at
+		}
+		p := c.src.lineOf(key)
 		fe.File, fe.Line, fe.Column = file, p.line, p.col
 	}
 	errs := &Errors{File: file, List: v.errs}
@@ -78,6 +82,16 @@ func (v *validator) undecoded(key string) bool {
 
 func (v *validator) add(key, format string, args ...any) {
 	v.errs = append(v.errs, &FieldError{Key: key, Msg: fmt.Sprintf(format, args...)})
+}
+
+// addPair reports a rule between key and other under key, on the line of
+// other when only other is written: the line the user wrote, not that of
+// key's parent (or none).
+func (v *validator) addPair(key, other, format string, args ...any) {
+	v.add(key, format, args...)
+	if v.c.src != nil && !v.c.written(key) && v.c.written(other) {
+		v.errs[len(v.errs)-1].at = other
+	}
 }
 
 func (v *validator) oneOf(key, val string, allowed ...string) bool {
@@ -325,13 +339,13 @@ func (v *validator) ingest() {
 	v.atLeast("ingest.max_commit_records", in.MaxCommitRecords, 1)
 	v.positive("ingest.clock_tick_interval", in.ClockTickInterval)
 	if in.ClockTickInterval > c.Window.IdleTimeout && c.Window.IdleTimeout > 0 {
-		v.add("ingest.clock_tick_interval", "%s is longer than window.idle_timeout %s: logged ticks are what close idle windows", in.ClockTickInterval, c.Window.IdleTimeout)
+		v.addPair("ingest.clock_tick_interval", "window.idle_timeout", "%s is longer than window.idle_timeout %s: logged ticks are what close idle windows", in.ClockTickInterval, c.Window.IdleTimeout)
 	}
 	switch {
 	case in.MaxPayloadBytes <= 0:
 		v.add("ingest.max_payload_bytes", "must be positive, not %s", in.MaxPayloadBytes)
 	case in.MaxPayloadBytes > c.Storage.BronzeMaxBytes && c.Storage.BronzeMaxBytes > 0:
-		v.add("ingest.max_payload_bytes", "%s is larger than storage.bronze_max_bytes %s", in.MaxPayloadBytes, c.Storage.BronzeMaxBytes)
+		v.addPair("ingest.max_payload_bytes", "storage.bronze_max_bytes", "%s is larger than storage.bronze_max_bytes %s", in.MaxPayloadBytes, c.Storage.BronzeMaxBytes)
 	}
 }
 
@@ -345,7 +359,7 @@ func (v *validator) storage() {
 	case s.OutboxMaxBytes <= 0:
 		v.add("storage.outbox_max_bytes", "must be positive, not %s (the outbox must be bounded)", s.OutboxMaxBytes)
 	case s.OutboxMaxBytes < c.Uplink.MaxBatchBytes:
-		v.add("storage.outbox_max_bytes", "%s is smaller than uplink.max_batch_bytes %s: one batch must fit", s.OutboxMaxBytes, c.Uplink.MaxBatchBytes)
+		v.addPair("storage.outbox_max_bytes", "uplink.max_batch_bytes", "%s is smaller than uplink.max_batch_bytes %s: one batch must fit", s.OutboxMaxBytes, c.Uplink.MaxBatchBytes)
 	}
 }
 
@@ -435,7 +449,7 @@ func (v *validator) window() {
 	if w.Size > 0 && w.Slide > 0 && wholeMs && !v.undecoded("window.size") && !v.undecoded("window.slide") {
 		switch {
 		case w.Slide > w.Size:
-			v.add("window.slide", "%s is longer than window.size %s (windows would leave gaps)", w.Slide, w.Size)
+			v.addPair("window.slide", "window.size", "%s is longer than window.size %s (windows would leave gaps)", w.Slide, w.Size)
 		case w.Size%w.Slide != 0:
 			v.add("window.slide", "window.size %s is not a multiple of %s (every reading must fall in the same number of windows)", w.Size, w.Slide)
 		case w.Size/w.Slide > maxWindowsPerReading:
