@@ -33,6 +33,11 @@ var wantDebFiles = []debFile{
 	{"./usr/share/doc/edgeagent/mosquitto-edgeagent.conf", "-rw-r--r--", "root/root", "packaging/mosquitto-edgeagent.conf"},
 	{"./usr/share/doc/edgeagent/install.md", "-rw-r--r--", "root/root", "docs/install.md"},
 	{"./usr/share/doc/edgeagent/config.md", "-rw-r--r--", "root/root", "docs/config.md"},
+	{"./usr/share/doc/edgeagent/operations.md", "-rw-r--r--", "root/root", "docs/operations.md"},
+	{"./usr/share/doc/edgeagent/windows.md", "-rw-r--r--", "root/root", "docs/windows.md"},
+	{"./usr/share/doc/edgeagent/alerts.md", "-rw-r--r--", "root/root", "docs/alerts.md"},
+	{"./usr/share/doc/edgeagent/uplink.md", "-rw-r--r--", "root/root", "docs/uplink.md"},
+	{"./usr/share/doc/edgeagent/wire-format.md", "-rw-r--r--", "root/root", "docs/wire-format.md"},
 }
 
 // TestDebPackages inspects every .deb the way dpkg sees it: control
