@@ -523,6 +523,27 @@ func TestConnectFailureIsLogged(t *testing.T) {
 		s := logs.String()
 		return strings.Contains(s, "broker connect failed; retrying") && strings.Contains(s, "refused")
 	})
+	// One line an attempt (paho's per-broker notification doubled them):
+	// two lines are two attempts, a retry interval (1 s) apart.
+	var at []time.Time
+	mqtttest.WaitFor(t, 10*time.Second, "a second attempt's warning", func() bool {
+		at = at[:0]
+		for l := range strings.Lines(logs.String()) {
+			if !strings.Contains(l, "broker connect failed; retrying") {
+				continue
+			}
+			stamp, _, _ := strings.Cut(strings.TrimPrefix(l, "time="), " ")
+			ts, err := time.Parse(time.RFC3339Nano, stamp)
+			if err != nil {
+				t.Fatalf("log line without a time: %q", l)
+			}
+			at = append(at, ts)
+		}
+		return len(at) >= 2
+	})
+	if gap := at[1].Sub(at[0]); gap < 500*time.Millisecond {
+		t.Errorf("two warnings %v apart: one attempt logged twice", gap)
+	}
 }
 
 // A broker that comes back without the agent's session (no persistence)

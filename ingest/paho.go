@@ -146,16 +146,12 @@ func (p *pahoSource) start(ctx context.Context) error {
 	// paho retries a failed connect (refused login, TLS, unreachable) by
 	// itself and logs why only at debug: say it, once a minute at most
 	// (the agent's logger throttles a repeated warning).
+	// Only the attempt's notification: paho also sends one per broker
+	// (BrokerFailed), and with one broker that counted each attempt twice
+	// in the log's repeated=N.
 	opts.SetConnectionNotificationHandler(func(_ paho.Client, n paho.ConnectionNotification) {
-		var err error
-		switch n := n.(type) {
-		case paho.ConnectionNotificationFailed:
-			err = n.Reason
-		case paho.ConnectionNotificationBrokerFailed:
-			err = n.Reason
-		}
-		if err != nil {
-			log.Warn("broker connect failed; retrying", "broker", cfg.Broker, "err", err)
+		if f, ok := n.(paho.ConnectionNotificationFailed); ok && f.Reason != nil {
+			log.Warn("broker connect failed; retrying", "broker", cfg.Broker, "err", f.Reason)
 		}
 	})
 	p.client = paho.NewClient(opts)
