@@ -135,7 +135,7 @@ func renderPage(w io.Writer, snap Snapshot, config string) error {
 	p.int(int64(s.Window.Devices))
 	p.raw(" devices · ", escapeHTML(Bytes(s.Window.StateBytes)), "</div></div>\n"+
 		"<div class=\"card\"><div class=\"sub\">end-to-end lag</div>\n"+
-		"<div class=\"num\" id=\"lag\">", escapeHTML(secs(s.Window.LagSeconds)), "</div>\n"+
+		"<div class=\"num\" id=\"lag\">", escapeHTML(lagText(&s.Window)), "</div>\n"+
 		"<div class=\"sub\">latest event ", escapeHTML(rfc3339(s.Window.LatestEventTime)), "</div></div>\n</div>\n")
 
 	p.raw("\n<h2>Links and bounds</h2>\n<div class=\"grid\">\n" +
@@ -219,6 +219,15 @@ func secs(f float64) string {
 }
 
 // rfc3339 formats t in UTC, or a dash for the zero time.
+// lagText is the lag, or "—" before any reading was processed (a lag of
+// 0 would read as a healthy agent).
+func lagText(w *Window) string {
+	if w.LatestEventTime.IsZero() {
+		return "—"
+	}
+	return secs(w.LagSeconds)
+}
+
 func rfc3339(t time.Time) string {
 	if t.IsZero() {
 		return "—"
