@@ -309,12 +309,16 @@ func printStatus(w io.Writer, s *status.Snapshot, color bool) {
 	if s.Ingest.Connected {
 		broker = "connected"
 	}
+	lag := "— (no reading processed yet)"
+	if !s.Window.LatestEventTime.IsZero() {
+		lag = d(s.Window.LagSeconds)
+	}
 	rows := [][2]string{
 		{"input / processed", fmt.Sprintf("%.1f msgs/s / %.1f records/s", s.Rates.InputPerSecond, s.Rates.ProcessedPerSecond)},
 		{"Bronze backlog", fmt.Sprintf("%d records, about %s (%+.1f/s)", s.Bronze.BacklogRecords, status.Bytes(s.Bronze.UnprocessedBytes), s.Rates.BacklogGrowth)},
 		{"batch / trigger", fmt.Sprintf("%s / %s", d(s.Window.LastBatchSeconds), d(s.Window.TriggerIntervalSeconds))},
 		{"state", fmt.Sprintf("%d windows (%d on disk only), %d dedup entries, %d devices, %s", s.Window.OpenWindows, s.Window.EvictedWindows, s.Window.DedupEntries, s.Window.Devices, status.Bytes(s.Window.StateBytes))},
-		{"end-to-end lag", d(s.Window.LagSeconds)},
+		{"end-to-end lag", lag},
 		{"outbox", fmt.Sprintf("%d rows, %s of %s, oldest %s", s.Outbox.Rows, status.Bytes(int64(s.Outbox.Bytes)), status.Bytes(s.Outbox.MaxBytes), d(s.Outbox.OldestAge))},
 		{"uplink", strings.TrimSpace(s.Uplink.Transport + " " + fmt.Sprintf("%s, %d reconnects, %s sent", s.Uplink.State, s.Uplink.ReconnectsTotal, status.Bytes(int64(s.Uplink.BytesSent))))},
 		{"broker", fmt.Sprintf("%s (%s)", broker, s.Ingest.Broker)},
