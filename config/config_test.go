@@ -645,6 +645,15 @@ func TestPairRuleOnTheWrittenLine(t *testing.T) {
 	}
 }
 
+// The event id and event time cannot be one field: config check took it,
+// and every reading was then dead-lettered "field ts missing" (an audit).
+func TestEventIDIsNotTheEventTime(t *testing.T) {
+	_, err := Parse("config.yaml", []byte(minimal+"readings:\n  event_id: ts\n  event_time: ts\n"), noEnv)
+	if err == nil || !strings.Contains(err.Error(), `readings.event_id: "ts" is also readings.event_time`) {
+		t.Fatalf("Parse() = %v, want the id refused", err)
+	}
+}
+
 // Unwritten slide, idle_timeout and device_expiry follow window.size, so
 // that writing only the size gives tumbling windows of that size which no
 // idle close cuts short; written values are kept.

@@ -404,6 +404,11 @@ func (v *validator) readings() {
 	if r.EventTime != "" {
 		v.dotPath("readings.event_time", r.EventTime)
 	}
+	if r.EventID != "" && r.EventID == r.EventTime {
+		// One field cannot be both: the id would take it, and every
+		// reading would lack its time.
+		v.addPair("readings.event_id", "readings.event_time", "%q is also readings.event_time; an event id must be a field of its own", r.EventID)
+	}
 	v.oneOf("readings.time_format", r.TimeFormat, "unix_s", "unix_ms", "unix_ns", "rfc3339", "auto")
 	seen := make(map[string]int)
 	for i, m := range r.Metrics {

@@ -42,6 +42,8 @@ type cborScanner struct {
 	err  *badInput
 	buf  []byte
 	num  []byte
+	// epoch: the next item is the content of tag 1.
+	epoch bool
 }
 
 func (s *cborScanner) fail(format string, a ...any) {
@@ -123,9 +125,14 @@ func (s *cborScanner) visit(extract bool, kind leafKind, text []byte) {
 // item scans one data item; extract says whether it is an object member
 // the extractor should see.
 func (s *cborScanner) item(depth int, extract bool) {
+	epoch := s.epoch // this item is tag 1's content
+	s.epoch = false
 	major, ai, arg, ok := s.head()
 	if !ok {
 		return
+	}
+	if extract && epoch && (major == 0 || major == 1 || major == 7) {
+		s.x.epochNext = true
 	}
 	if ai == 31 {
 		switch major {
@@ -214,7 +221,10 @@ func (s *cborScanner) item(depth int, extract bool) {
 			s.fail("nesting deeper than %d", maxDepth)
 			return
 		}
-		s.item(depth+1, extract) // tags are transparent
+		// Tags are transparent, but tag 1 (epoch time) says its number
+		// is seconds, which an event time read as milliseconds must know.
+		s.epoch = arg == 1
+		s.item(depth+1, extract)
 	case 7:
 		switch {
 		case ai == 20 || ai == 21:
@@ -223,11 +233,12 @@ func (s *cborScanner) item(depth int, extract bool) {
 			s.visit(extract, kNull, nil)
 		case ai == 25 || ai == 26 || ai == 27:
 			var f float64
+			bits := 64
 			switch ai {
 			case 25:
 				f = float16(uint16(arg))
 			case 26:
-				f = float64(math.Float32frombits(uint32(arg)))
+				f, bits = float64(math.Float32frombits(uint32(arg))), 32
 			default:
 				f = math.Float64frombits(arg)
 			}
@@ -235,7 +246,11 @@ func (s *cborScanner) item(depth int, extract bool) {
 				s.visit(extract, kNonFinite, nil)
 				return
 			}
-			s.num = appendFloatLiteral(s.num[:0], f)
+			// A single-precision value is its shortest decimal as a
+			// single (21.7, what the device meant), not the double it
+			// widens to (21.700000762939453): so it aggregates as the
+			// same reading in JSON does, and an id 0.1 is "0.1".
+			s.num = strconv.AppendFloat(s.num[:0], f, 'g', -1, bits)
 			s.visit(extract, kNumber, s.num)
 		default:
 			s.visit(extract, kOther, nil)

@@ -114,6 +114,9 @@ type extractor struct {
 	// when no numeric field is found.
 	hintOff, hintEnd int
 	tooMany          bool
+	// epochNext says the number visited next carries CBOR tag 1 (epoch
+	// seconds, whatever time_format says); tmEpoch that the time leaf did.
+	epochNext, tmEpoch bool
 	// pathBuf and strBuf are scratch space the scanners reuse across records.
 	pathBuf, strBuf []byte
 }
@@ -135,6 +138,7 @@ func (x *extractor) reset() {
 	x.metrics = x.metrics[:0]
 	x.hintOff, x.hintEnd = 0, 0
 	x.tooMany = false
+	x.epochNext, x.tmEpoch = false, false
 }
 
 func (x *extractor) store(kind leafKind, text []byte) leaf {
@@ -160,12 +164,14 @@ func (x *extractor) wants(path []byte) bool {
 
 // visit records the value at path (an object member, never inside an array).
 func (x *extractor) visit(path []byte, kind leafKind, text []byte) {
+	epoch := x.epochNext
+	x.epochNext = false
 	switch {
 	case x.idPath != "" && string(path) == x.idPath:
 		x.id = x.store(kind, text)
 		return
 	case x.timePath != "" && string(path) == x.timePath:
-		x.tm = x.store(kind, text)
+		x.tm, x.tmEpoch = x.store(kind, text), epoch && kind == kNumber
 		return
 	}
 	if !x.auto {
@@ -180,6 +186,13 @@ func (x *extractor) visit(path []byte, kind leafKind, text []byte) {
 	for i := range x.metrics {
 		m := &x.metrics[i]
 		if bytes.Equal(x.arena[m.pathOff:m.pathEnd], path) {
+			if x.auto && kind != kNumber && kind != kNonFinite {
+				// The path's last value is not a number: in auto mode
+				// that path is no metric (last value wins), not a
+				// metric of the wrong type.
+				m.leaf = leaf{kind: kAbsent}
+				return
+			}
 			m.leaf = x.store(kind, text)
 			return
 		}
@@ -289,6 +302,9 @@ func (x *extractor) timeOf(r *reading, format string) *badInput {
 	case kNull:
 		return bad(CodeTimeMissing, "field %s is null", p)
 	case kNumber:
+		if x.tmEpoch {
+			format = TimeUnixS // CBOR tag 1 says seconds itself
+		}
 		ms, te = numericTimeMs(x.text(x.tm), format)
 	case kString:
 		ms, te = rfc3339Ms(x.text(x.tm), format)

@@ -78,6 +78,20 @@ func TestParseGood(t *testing.T) {
 			msg("cbor/d2/data", cb(map[string]any{"ts": 1709294400.123, "p": uint64(5), "n": -7}), recv),
 			1709294400123, false, map[string]float64{"p": 5, "n": -7}},
 		{"number", nil, msg("raw/d3/pressure", " 1013.25\n", recv), recv.UnixMilli(), true, map[string]float64{"pressure": 1013.25}},
+		// Found by an audit: a repeated key whose last value is not a
+		// number is no metric in auto mode (last value wins), not a
+		// dead letter; nor is a number replaced by an object.
+		{"json repeated key ending in a string", nil,
+			msg("sensors/d1/telemetry", `{"ts":1709294400,"t":1,"t":"x","z":1}`, recv),
+			1709294400000, false, map[string]float64{"z": 1}},
+		{"cbor repeated key ending in a map", nil,
+			msg("cbor/d2/data", "\xa3\x62ts\x1a\x65\xe1\xc3\x40\x61e\x01\x61e\xa1\x61k\x01", recv),
+			1709294400000, false, map[string]float64{"e.k": 1}},
+		// Tag 1 says seconds, whatever time_format says; a float32 is
+		// its shortest decimal as a single (21.7), as in JSON.
+		{"cbor tag 1 time under unix_ms", func(c *Config) { c.TimeFormat = TimeUnixMs },
+			msg("cbor/d2/data", cb(map[string]any{"ts": cbor.Tag{Number: 1, Content: 1709294400}, "v": float32(21.7)}), recv),
+			1709294400000, false, map[string]float64{"v": 21.7}},
 		{"no event time configured", func(c *Config) { c.EventTime = "" },
 			msg("sensors/d1/telemetry", `{"temp":3}`, recv), recv.UnixMilli(), true, map[string]float64{"temp": 3}},
 	}

@@ -2,7 +2,6 @@ package window
 
 import (
 	"math"
-	"strconv"
 	"time"
 )
 
@@ -223,11 +222,4 @@ func (d decimal) floorScaled(k int64) (int64, bool) {
 		return 0, false
 	}
 	return int64(u), true
-}
-
-// appendFloatLiteral writes a finite float64 as the shortest decimal literal
-// that reads back as the same value, so CBOR floats go through the exact
-// decimal path like JSON literals do.
-func appendFloatLiteral(dst []byte, f float64) []byte {
-	return strconv.AppendFloat(dst, f, 'g', -1, 64)
 }
