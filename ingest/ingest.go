@@ -78,6 +78,9 @@ type Config struct {
 	viaPaho bool
 }
 
+// Validate reports what New would refuse in c.
+func (c Config) Validate() error { return c.setDefaults() }
+
 func (c *Config) setDefaults() error {
 	if c.Broker == "" && c.Embedded == "" {
 		return fmt.Errorf("%w: no broker and no embedded listen address", ErrConfig)

@@ -234,6 +234,31 @@ func getU64(b *bolt.Bucket, k []byte) uint64 {
 	return binary.BigEndian.Uint64(v)
 }
 
+// CheckState reports whether New would accept cfg over the state in db:
+// the config is valid and matches the stored fingerprint (an error
+// matching ErrIncompatibleState if not). It reads only; a reload checks a
+// config with it before it stops the running stage.
+func CheckState(db *bolt.DB, cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	return db.View(func(tx *bolt.Tx) error {
+		m := tx.Bucket(bucketMeta)
+		if m == nil {
+			return nil
+		}
+		stored := m.Get(keyFingerprint)
+		if stored == nil {
+			return nil
+		}
+		old, err := decodeFingerprint(stored)
+		if err != nil {
+			return err
+		}
+		return compareFingerprint(old, cfg.fingerprint(), cfg.ConfigPath)
+	})
+}
+
 // checkFingerprint stores the fingerprint on first use and refuses a
 // changed one.
 func checkFingerprint(tx *bolt.Tx, cfg *Config) error {

@@ -299,9 +299,8 @@ func init() {
 
 Runs the agent until SIGTERM or SIGINT, then finishes the batch in hand,
 flushes, closes the store and exits 0. SIGHUP reads the config again: if
-the file is valid the agent stops the same way and starts again in place
-with it; if not, it logs the problems and runs on (from a terminal, SIGHUP
-stops it).
+the agent would start with it, it stops the same way and opens again with
+it; if not, it logs why and runs on (from a terminal, SIGHUP stops it).
 
 With --once it processes everything already in Bronze, emits what is due,
 tries to deliver the outbox to the uplink for up to uplink.ack_timeout (at
@@ -357,17 +356,31 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 		e.errorf("--log-format must be text or json, not %q", *logFormat)
 		return exitUsage
 	}
+	// Each round opens the agent on the config file as it is; a SIGHUP
+	// that asks for a reload ends the round cleanly (see hangupWatch).
+	// The restart stays in the process, so no SIGTERM that arrives during
+	// it is lost, as it was across an exec.
 	cfg, code := loadConfig(e, *path, true)
 	if cfg == nil {
 		return code
 	}
+	for cfg != nil {
+		code, cfg = runRound(ctx, e, hup, cfg, *path, *logFormat, *once)
+	}
+	return code
+}
+
+// runRound opens the agent on cfg (read from path), runs it until ctx is
+// done or a SIGHUP asks for a reload, and closes it. next is the config
+// to open again with, nil when the agent is done.
+func runRound(ctx context.Context, e *env, hup <-chan os.Signal, cfg *config.Config, path, logFormat string, once bool) (code int, next *config.Config) {
 	format := cfg.Log.Format
-	if *logFormat != "" {
-		format = *logFormat
+	if logFormat != "" {
+		format = logFormat
 	}
 	log := newLogger(e.stderr, format, cfg.Log.Level)
 	setMaxProcs(log, cfg.Processing.MaxProcs, os.Getenv("GOMAXPROCS"))
-	a, err := agent.Open(cfg, agent.Options{Logger: log, ConfigPath: *path, Version: version})
+	a, err := agent.Open(cfg, agent.Options{Logger: log, ConfigPath: path, Version: version})
 	if err != nil {
 		log.Error("cannot start", "err", err)
 		var hint *agent.HintError
@@ -376,37 +389,39 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 			// file: like an invalid config, a restart cannot fix it
 			// (RestartPreventExitStatus=3).
 			fmt.Fprintf(e.stderr, "edgeagent: %s\n", hint.Hint)
-			return exitConfig
+			return exitConfig, nil
 		}
 		if invalidConfig(err) {
 			// A setting a stage refuses that config check let through: as
 			// much an invalid config as one config check finds.
 			fmt.Fprintf(e.stderr, "edgeagent: %v\n", err)
-			return exitConfig
+			return exitConfig, nil
 		}
-		return exitFail
+		return exitFail, nil
 	}
-	ctx, stop := context.WithCancel(ctx)
+	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	restart := watchHangup(ctx, hup, stop, log, *path)
-	if *once {
-		err = a.RunOnce(ctx)
+	watch := &hangupWatch{parent: ctx, stop: stop, a: a, log: log, path: path, once: once, done: make(chan struct{})}
+	go watch.run(runCtx, hup)
+	if once {
+		err = a.RunOnce(runCtx)
 	} else {
-		err = a.Run(ctx)
+		err = a.Run(runCtx)
 	}
+	stop()
+	<-watch.done // the next round's watch reads hup alone
 	if cerr := a.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		log.Error("stopped with an error", "err", err)
-		return exitFail
+		return exitFail, nil
 	}
-	if restart.Load() {
-		err := reexec()
-		log.Error("could not start again after SIGHUP; exiting for the service manager to restart", "err", err)
-		return exitFail
+	if watch.restarting() {
+		log.Info("starting again with the config read anew", "config", path)
+		return exitOK, watch.next
 	}
-	return exitOK
+	return exitOK, nil
 }
 
 func configCheck(_ context.Context, e *env, args []string) int {

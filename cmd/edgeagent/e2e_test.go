@@ -80,8 +80,15 @@ func startAgent(t *testing.T, args ...string) *agentProc {
 // startAgentEnv is startAgent with extra environment variables.
 func startAgentEnv(t *testing.T, env []string, args ...string) *agentProc {
 	t.Helper()
+	return startAgentWith(t, func(c *exec.Cmd) { c.Env = append(c.Env, env...) }, args...)
+}
+
+// startAgentWith is startAgent with the command edited before it starts.
+func startAgentWith(t *testing.T, edit func(*exec.Cmd), args ...string) *agentProc {
+	t.Helper()
 	p := &agentProc{cmd: exec.Command(agentBin, args...), logs: &syncBuffer{}, done: make(chan struct{})}
-	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.Env = os.Environ()
+	edit(p.cmd)
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start agent: %v", err)
@@ -635,18 +642,21 @@ status: {listen: "%s", token: "${TOKEN}"}
 	p.stop(t)
 }
 
-// SIGHUP from a service manager (not a terminal) reads the config again:
-// the agent stops cleanly and starts again in place, same PID, with the
-// new settings; a file with problems is logged and the agent runs on.
-// Go's default had ended the process without the drain, which systemd
-// took for a clean exit and left stopped (found by an audit).
+// SIGHUP from a service manager reads the config again: the agent stops
+// cleanly and opens again in the same process with the new settings. A
+// file with problems, or one the saved state refuses, is logged and the
+// agent runs on. A burst of SIGHUPs does not kill it, and a SIGTERM with a
+// SIGHUP stops it for good. Go's default had ended the
+// process without the drain, which systemd took for a clean exit and left
+// stopped (found by an audit; the review found the last three).
 func TestSighupReloadsConfig(t *testing.T) {
 	dir := t.TempDir()
 	statusAddr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
 	head := embeddedAgentConfig("hup-gw", dir, fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))) +
 		fmt.Sprintf("\nstatus:\n  listen: %q\n", statusAddr)
 	cfgPath := writeConfig(t, dir, head+"processing:\n  trigger_interval: 1s\n")
-	p := startAgent(t, "run", "-c", cfgPath)
+	// As under systemd: no controlling terminal (there SIGHUP is a hangup).
+	p := startAgentWith(t, func(c *exec.Cmd) { c.SysProcAttr = &syscall.SysProcAttr{Setsid: true} }, "run", "-c", cfgPath)
 	p.waitLog(t, "edgeagent starting")
 	interval := func() float64 {
 		resp, err := http.Get("http://" + statusAddr + "/status.json")
@@ -664,27 +674,63 @@ func TestSighupReloadsConfig(t *testing.T) {
 		}
 		return st.Window.TriggerIntervalSeconds
 	}
-	mqtttest.WaitFor(t, 10*time.Second, "status with trigger_interval 1s", func() bool { return interval() == 1 })
-
-	writeConfig(t, dir, head+"processing:\n  trigger_interval: 2s\n")
-	p.cmd.Process.Signal(syscall.SIGHUP)
-	mqtttest.WaitFor(t, 30*time.Second, "status with trigger_interval 2s", func() bool {
+	alive := func() {
+		t.Helper()
 		select {
 		case <-p.done:
 			t.Fatalf("agent exited after SIGHUP; logs:\n%s", p.logs)
 		default:
 		}
-		return interval() == 2
-	})
-	if n := strings.Count(p.logs.String(), "edgeagent starting"); n != 2 || !strings.Contains(p.logs.String(), "edgeagent stopped") {
+	}
+	starts := func() int { return strings.Count(p.logs.String(), "edgeagent starting") }
+	mqtttest.WaitFor(t, 10*time.Second, "status with trigger_interval 1s", func() bool { return interval() == 1 })
+
+	writeConfig(t, dir, head+"processing:\n  trigger_interval: 2s\n")
+	p.cmd.Process.Signal(syscall.SIGHUP)
+	mqtttest.WaitFor(t, 30*time.Second, "status with trigger_interval 2s", func() bool { alive(); return interval() == 2 })
+	if n := starts(); n != 2 || !strings.Contains(p.logs.String(), "edgeagent stopped") {
 		t.Fatalf("want a clean stop and a second start in the same process; logs:\n%s", p.logs)
 	}
 
-	writeConfig(t, dir, head+"processing:\n  trigger_interval: soon\n")
-	p.cmd.Process.Signal(syscall.SIGHUP)
-	p.waitLog(t, "SIGHUP: the config has problems; running on")
-	if got := interval(); got != 2 {
-		t.Errorf("after a SIGHUP with a bad file: trigger interval %v, want the running 2s", got)
+	for _, bad := range []struct{ body, log string }{
+		{head + "processing:\n  trigger_interval: soon\n", "SIGHUP: the config has problems; running on"},
+		{head + "processing:\n  trigger_interval: 2s\nwindow:\n  size: 5m\n", "SIGHUP: the agent would not start with this config; running on"},
+	} {
+		writeConfig(t, dir, bad.body)
+		n := starts()
+		p.cmd.Process.Signal(syscall.SIGHUP)
+		p.waitLog(t, bad.log)
+		if got := interval(); got != 2 || starts() != n {
+			t.Errorf("after a SIGHUP with a config the agent refuses: trigger interval %v, %d starts; want the running 2s, %d", got, starts(), n)
+		}
 	}
+
+	// A SIGTERM with a SIGHUP: stopped for good, exit 0 (the reload may
+	// open the agent once more when it came first; the SIGTERM is not
+	// lost and stops that one).
+	writeConfig(t, dir, head+"processing:\n  trigger_interval: 3s\n")
+	n := starts()
+	p.cmd.Process.Signal(syscall.SIGHUP)
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("agent did not exit within 30s of SIGHUP and SIGTERM; logs:\n%s", p.logs)
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != 0 || starts() > n+1 {
+		t.Fatalf("SIGHUP with SIGTERM: exit %d, %d starts; want exit 0 and at most one more start than %d; logs:\n%s", code, starts(), n, p.logs)
+	}
+
+	// SIGHUPs in a burst across restarts: none may kill the agent, and a
+	// SIGTERM after them still stops it cleanly.
+	p = startAgentWith(t, func(c *exec.Cmd) { c.SysProcAttr = &syscall.SysProcAttr{Setsid: true} }, "run", "-c", cfgPath)
+	p.waitLog(t, "edgeagent starting")
+	tick := time.NewTicker(time.Millisecond)
+	for range 50 {
+		<-tick.C
+		p.cmd.Process.Signal(syscall.SIGHUP)
+	}
+	tick.Stop()
+	mqtttest.WaitFor(t, 30*time.Second, "the agent serving after a burst of SIGHUPs", func() bool { alive(); return interval() == 3 })
 	p.stop(t)
 }

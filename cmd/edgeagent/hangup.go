@@ -9,52 +9,87 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
+
+	"github.com/edgeagent/edgeagent/cmd/edgeagent/agent"
+	"github.com/edgeagent/edgeagent/config"
 )
 
-// watchHangup gives SIGHUP its two usual meanings for run. From a terminal
-// it is a hangup (the technician's SSH session closed): the agent stops as
-// on SIGTERM. Otherwise (systemctl reload, kill -HUP) it asks for the
-// config to be read again: once the file checks out, the agent stops
-// cleanly and restart reports true, for runAgent to start it again in
-// place; a file with problems is logged and the agent runs on with the
-// config it has. Go's default for SIGHUP ended the process without the
-// drain, and systemd took that for a clean exit and left it stopped.
-//
-// hup is registered by the caller before anything else, so that no SIGHUP
-// falls to the default action while the agent opens.
-func watchHangup(ctx context.Context, hup <-chan os.Signal, stop context.CancelFunc, log *slog.Logger, path string) (restart *atomic.Bool) {
-	restart = new(atomic.Bool)
-	terminal := isTTY(os.Stderr)
-	go func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-hup:
-			}
-			if terminal {
-				log.Info("hangup: stopping")
-				stop()
-				return
-			}
-			var problems bytes.Buffer
-			if cfg, _ := loadConfig(&env{stdout: &problems, stderr: &problems}, path, true); cfg == nil {
-				log.Error("SIGHUP: the config has problems; running on with the one loaded at start",
-					"config", path, "problems", strings.TrimSpace(problems.String()))
-				continue
-			}
-			log.Info("SIGHUP: stopping, to start again with the config read anew", "config", path)
-			restart.Store(true)
-			stop()
-			return
-		}
-	}()
-	return restart
+// notifyHangup registers for SIGHUP before anything else, so that no
+// SIGHUP falls to Go's default (the process ends, undrained) while the
+// agent opens. A process started with SIGHUP ignored (nohup) keeps it
+// ignored; hup is then nil. The returned func unregisters.
+func notifyHangup() (hup <-chan os.Signal, unnotify func()) {
+	if signal.Ignored(syscall.SIGHUP) {
+		return nil, func() {}
+	}
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGHUP)
+	return ch, func() { signal.Stop(ch) }
 }
 
-// notifyHangup registers for SIGHUP; the returned func unregisters.
-func notifyHangup() (<-chan os.Signal, func()) {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	return hup, func() { signal.Stop(hup) }
+// hangupWatch gives SIGHUP its two usual meanings for run. In a process
+// with a controlling terminal it is a hangup (the technician's SSH session
+// closed), and with --once it has nothing to reload: the agent stops as on
+// SIGTERM. Otherwise (systemctl reload, kill -HUP) it asks for the config
+// to be read again: once the file checks out and the agent would start
+// with it (agent.CheckReload), the agent stops cleanly and restarting
+// reports true, for runAgent to open it again in the same process; a
+// config it would refuse is logged and the agent runs on with the one it
+// has. Go's default for
+// SIGHUP ended the process without the drain, and systemd took that for a
+// clean exit and left it stopped.
+type hangupWatch struct {
+	parent  context.Context // cancelled by SIGTERM/SIGINT: no restart then
+	stop    context.CancelFunc
+	a       *agent.Agent
+	log     *slog.Logger
+	path    string
+	once    bool
+	restart atomic.Bool
+	// next is the config checked for the restart: the next round opens
+	// this one, not the file read again, which may have changed since.
+	// Set before restart, read after done.
+	next *config.Config
+	done chan struct{} // closed when run returns
 }
+
+// run watches hup until ctx (the agent's) is done.
+func (h *hangupWatch) run(ctx context.Context, hup <-chan os.Signal) {
+	defer close(h.done)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+		}
+		if h.parent.Err() != nil {
+			return // a SIGTERM came with it: stop, do not start again
+		}
+		if h.once || hasControllingTerminal() {
+			h.log.Info("hangup: stopping")
+			h.stop()
+			return
+		}
+		var problems bytes.Buffer
+		cfg, _ := loadConfig(&env{stdout: &problems, stderr: &problems}, h.path, true)
+		if cfg == nil {
+			h.log.Error("SIGHUP: the config has problems; running on with the one loaded at start",
+				"config", h.path, "problems", strings.TrimSpace(problems.String()))
+			continue
+		}
+		if err := h.a.CheckReload(cfg); err != nil {
+			h.log.Error("SIGHUP: the agent would not start with this config; running on with the one loaded at start",
+				"config", h.path, "err", err)
+			continue
+		}
+		h.log.Info("SIGHUP: stopping, to start again with the config read anew", "config", h.path)
+		h.next = cfg
+		h.restart.Store(true)
+		h.stop()
+		return
+	}
+}
+
+// restarting reports whether the agent should start again: a reload was
+// asked for and no SIGTERM came since.
+func (h *hangupWatch) restarting() bool { return h.restart.Load() && h.parent.Err() == nil }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"os"
 	"syscall"
 	"unsafe"
@@ -14,17 +13,14 @@ func isTTY(f *os.File) bool {
 	return errno == 0
 }
 
-// reexec replaces the process with a new run of its binary, same arguments
-// and environment, same PID (so systemd sees the same service). Go opens
-// every file close-on-exec; the agent closed its own before this. It
-// returns only on failure.
-func reexec() error {
-	exe, err := os.Executable()
+// hasControllingTerminal reports whether the process has one: /dev/tty
+// opens only then. A service started by systemd has none; an agent run
+// from a shell has, whatever its output is redirected to.
+func hasControllingTerminal() bool {
+	f, err := os.Open("/dev/tty")
 	if err != nil {
-		return fmt.Errorf("find the binary to start again: %w", err)
+		return false
 	}
-	if err := syscall.Exec(exe, os.Args, os.Environ()); err != nil {
-		return fmt.Errorf("start %s again: %w", exe, err)
-	}
-	return nil
+	f.Close()
+	return true
 }

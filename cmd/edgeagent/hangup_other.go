@@ -2,10 +2,7 @@
 
 package main
 
-import (
-	"errors"
-	"os"
-)
+import "os"
 
 // isTTY reports whether f is a character device (a terminal, or
 // /dev/null, outside Linux).
@@ -14,4 +11,4 @@ func isTTY(f *os.File) bool {
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
-func reexec() error { return errors.New("starting again in place needs Linux; restart the agent") }
+func hasControllingTerminal() bool { return isTTY(os.Stdin) || isTTY(os.Stderr) }

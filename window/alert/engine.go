@@ -99,6 +99,12 @@ type Stats struct {
 	IgnoredRevisions uint64
 }
 
+// Validate reports what New would refuse in cfg's rules.
+func (cfg Config) Validate() error {
+	_, err := cfg.compile()
+	return err
+}
+
 // New validates cfg, creates the engine's buckets (and the outbox's), drops
 // the state of rules that are no longer configured and of devices a rule no
 // longer matches, and loads the rest.

@@ -76,6 +76,46 @@ type Agent struct {
 	closeErr  error
 }
 
+// CheckReload reports whether cfg would open over this agent's data as Open
+// would open it, short of the files and ports Open takes: every stage
+// accepts its settings and the window state matches them. A reload checks
+// a config with it before it stops the running agent, so that a change
+// the start would refuse (a changed window.size, a setting a stage
+// refuses) leaves the agent running instead of down.
+func (a *Agent) CheckReload(cfg *config.Config) error {
+	if icfg, err := ingestConfig(cfg, a.log, a.opts.Clock); err != nil {
+		return err
+	} else if err := icfg.Validate(); err != nil {
+		return err
+	}
+	wcfg, err := WindowConfig(cfg, a.opts.ConfigPath, a.log, a.opts.Clock)
+	if err != nil {
+		return err
+	}
+	if err := window.CheckState(a.State, wcfg); err != nil {
+		return err
+	}
+	if ucfg, ok, err := uplinkConfig(cfg, a.log, a.opts.Clock); err != nil {
+		return err
+	} else if ok {
+		if err := ucfg.Validate(); err != nil {
+			return err
+		}
+	}
+	if err := alertConfig(cfg, a.log).Validate(); err != nil {
+		return fmt.Errorf("alerts: %w", err)
+	}
+	return nil
+}
+
+// alertConfig maps the alert rules and local publishing (OnLocal unset).
+func alertConfig(cfg *config.Config, log *slog.Logger) alert.Config {
+	return alert.Config{
+		Gateway: cfg.GatewayID, Rules: cfg.Alerts, LocalPublish: cfg.LocalPublish,
+		Expiry: time.Duration(cfg.Window.DeviceExpiry), Logger: log.With("component", "alerts"),
+	}
+}
+
 // Open opens the data files and builds every stage. It starts nothing.
 func Open(cfg *config.Config, opts Options) (*Agent, error) {
 	if opts.Logger == nil {
@@ -495,15 +535,13 @@ func (a *Agent) openAlerts() error {
 		return nil
 	}
 	var notify func()
-	eng, err := alert.New(a.State, alert.Config{
-		Gateway: cfg.GatewayID, Rules: cfg.Alerts, LocalPublish: cfg.LocalPublish,
-		Expiry: time.Duration(cfg.Window.DeviceExpiry), Logger: a.log.With("component", "alerts"),
-		OnLocal: func() {
-			if notify != nil {
-				notify()
-			}
-		},
-	})
+	acfg := alertConfig(cfg, a.log)
+	acfg.OnLocal = func() {
+		if notify != nil {
+			notify()
+		}
+	}
+	eng, err := alert.New(a.State, acfg)
 	if err != nil {
 		return fmt.Errorf("alerts: %w", err)
 	}
