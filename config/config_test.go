@@ -654,6 +654,18 @@ func TestEventIDIsNotTheEventTime(t *testing.T) {
 	}
 }
 
+// nats.go refuses a server list that mixes websocket and other URLs at
+// every connect: config check must refuse it (found by a review).
+func TestNATSURLsOfOneKind(t *testing.T) {
+	_, err := Parse("config.yaml", []byte(minimal+"uplink:\n  nats:\n    url: nats://127.0.0.1:4222,ws://127.0.0.1:8080\n"), noEnv)
+	if err == nil || !strings.Contains(err.Error(), "uplink.nats.url: mixes websocket") {
+		t.Fatalf("Parse() = %v, want the mix refused", err)
+	}
+	if _, err := Parse("config.yaml", []byte(minimal+"uplink:\n  nats:\n    url: ws://127.0.0.1:8080,wss://127.0.0.1:8443\n"), noEnv); err != nil {
+		t.Errorf("two websocket URLs refused: %v", err)
+	}
+}
+
 // Unwritten slide, idle_timeout and device_expiry follow window.size, so
 // that writing only the size gives tumbling windows of that size which no
 // idle close cuts short; written values are kept.

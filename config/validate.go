@@ -546,9 +546,19 @@ func (v *validator) uplink() {
 func (v *validator) nats() {
 	n := v.c.Uplink.NATS
 	if n.URL != "" {
-		// nats.Connect takes a comma-separated list of servers.
-		for _, s := range strings.Split(n.URL, ",") {
-			v.brokerURL("uplink.nats.url", strings.TrimSpace(s), natsSchemes, false)
+		// nats.Connect takes a comma-separated list of servers, all
+		// websocket or none (it refuses the mix at every connect).
+		urls := strings.Split(n.URL, ",")
+		websocket := 0
+		for _, s := range urls {
+			s = strings.TrimSpace(s)
+			v.brokerURL("uplink.nats.url", s, natsSchemes, false)
+			if strings.HasPrefix(s, "ws://") || strings.HasPrefix(s, "wss://") {
+				websocket++
+			}
+		}
+		if websocket > 0 && websocket < len(urls) {
+			v.add("uplink.nats.url", "mixes websocket (ws://, wss://) and other URLs; list one kind")
 		}
 	}
 	v.natsSubject("uplink.nats.subject", n.Subject)

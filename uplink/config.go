@@ -204,10 +204,15 @@ func (n *NATSConfig) validate() error {
 	if n.URL == "" {
 		return configErr("uplink.nats.url", "empty")
 	}
-	for _, u := range strings.Split(n.URL, ",") {
+	websocket := 0
+	urls := strings.Split(n.URL, ",")
+	for _, u := range urls {
 		p, err := url.Parse(strings.TrimSpace(u))
 		if err != nil {
 			return configErr("uplink.nats.url", "%q: %v", u, err)
+		}
+		if p.Scheme == "ws" || p.Scheme == "wss" {
+			websocket++
 		}
 		switch p.Scheme {
 		case "nats", "tls", "ws", "wss":
@@ -217,6 +222,10 @@ func (n *NATSConfig) validate() error {
 		if p.Host == "" {
 			return configErr("uplink.nats.url", "%q: no host", u)
 		}
+	}
+	if websocket > 0 && websocket < len(urls) {
+		// nats.go refuses the mix at every connect.
+		return configErr("uplink.nats.url", "mixes websocket (ws://, wss://) and other URLs; list one kind")
 	}
 	if n.Subject == "" {
 		return configErr("uplink.nats.subject", "empty")

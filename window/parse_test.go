@@ -183,6 +183,7 @@ func TestTimeFormats(t *testing.T) {
 		{"2024-03-01t13:00:00+01:00", 1709294400000, timeOK},
 		{"2024-03-01T12:00:00+24:00", 0, timeBadText},
 		{"2024-03-01T12:00:00-24:00", 0, timeBadText},
+		{"2024-03-01T12:00:00+23:60", 0, timeBadText},
 		{"2024-03-01T12:00:00+23:59", 1709294400000 - (23*60+59)*60000, timeOK},
 	} {
 		if ms, err := rfc3339Ms([]byte(c.lit), TimeAuto); err != c.err || ms != c.want {

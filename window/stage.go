@@ -68,7 +68,7 @@ type Stats struct {
 	// written: past Offset after a crash, until the catch-up replays to it.
 	WrittenThrough uint64
 	// Records counts Bronze records processed (messages, ticks, rejected);
-	// Readings those that became readings (before dedup).
+	// Readings those that became readings (after dedup; one a message).
 	Records, Readings uint64
 	Batches           uint64
 	// Emitted counts aggregates emitted; Revisions the ones that were

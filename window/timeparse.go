@@ -76,8 +76,8 @@ func rfc3339Ms(s []byte, format string) (int64, timeErr) {
 	}
 	str := string(s)
 	// RFC 3339 allows a lowercase t and z (its §5.6), which Go's parser
-	// refuses; and Go takes a zone offset of 24 hours, where RFC 3339's
-	// hours run 00–23 (a reading would be moved a day silently).
+	// refuses; and Go takes a zone offset of 24 hours or 60 minutes, where
+	// RFC 3339's run 00–23 and 00–59 (a reading would be moved silently).
 	if n := len(str); n > 10 && (str[10] == 't' || str[n-1] == 'z') {
 		b := []byte(str)
 		if b[10] == 't' {
@@ -88,7 +88,7 @@ func rfc3339Ms(s []byte, format string) (int64, timeErr) {
 		}
 		str = string(b)
 	}
-	if n := len(str); n > 6 && (str[n-6] == '+' || str[n-6] == '-') && str[n-3] == ':' && str[n-5:n-3] > "23" {
+	if n := len(str); n > 6 && (str[n-6] == '+' || str[n-6] == '-') && str[n-3] == ':' && (str[n-5:n-3] > "23" || str[n-2:] > "59") {
 		return 0, timeBadText
 	}
 	t, err := time.Parse(time.RFC3339Nano, str)

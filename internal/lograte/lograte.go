@@ -31,7 +31,7 @@ type entry struct {
 }
 
 // maxKeys bounds the table: messages are constant strings in this program,
-// but a bound costs nothing.
+// but their causes (the err's shape) are not.
 const maxKeys = 1024
 
 // New wraps next. now defaults to time.Now.
@@ -63,7 +63,13 @@ func (h *Handler) Handle(ctx context.Context, r slog.Record) error {
 	repeated := 0
 	if e == nil {
 		if len(h.state.seen) >= maxKeys {
-			clear(h.state.seen)
+			h.state.evict(now, h.interval)
+		}
+		if len(h.state.seen) >= maxKeys {
+			// A table full of causes still throttling: this one is logged
+			// untracked rather than lifting their throttle.
+			h.state.mu.Unlock()
+			return h.next.Handle(ctx, r)
 		}
 		e = &entry{}
 		h.state.seen[key] = e
@@ -75,6 +81,17 @@ func (h *Handler) Handle(ctx context.Context, r slog.Record) error {
 		r.AddAttrs(slog.Int("repeated", repeated))
 	}
 	return h.next.Handle(ctx, r)
+}
+
+// evict makes room in a full table: the entries whose interval has passed
+// go (they throttle nothing; a suppressed count among them is lost, as
+// its repeats stopped a while ago).
+func (st *state) evict(now time.Time, interval time.Duration) {
+	for k, e := range st.seen {
+		if now.Sub(e.last) >= interval {
+			delete(st.seen, k)
+		}
+	}
 }
 
 // throttleKey is the message and the shape of its "err": a new cause under

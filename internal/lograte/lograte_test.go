@@ -56,3 +56,23 @@ func TestNewCauseIsNotThrottled(t *testing.T) {
 		t.Errorf("the new cause was throttled:\n%s", got)
 	}
 }
+
+// A full table drops the entries whose interval passed, not the ones
+// still throttling: a flood of distinct causes does not lift the throttle
+// of a message that repeats.
+func TestFullTableKeepsLiveEntries(t *testing.T) {
+	var buf bytes.Buffer
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	log := slog.New(New(slog.NewTextHandler(&buf, nil), time.Minute, func() time.Time { return now }))
+	log.Error("bronze commit failed", "err", "disk full")
+	now = now.Add(2 * time.Minute)
+	log.Error("bronze commit failed", "err", "disk full") // logged again: a new interval
+	for i := range maxKeys {
+		log.Warn("device topic refused", "err", "topic "+strings.Repeat("x", i%50)+string(rune('a'+i%26))+string(rune('a'+i/26%26)))
+	}
+	before := strings.Count(buf.String(), "bronze commit failed")
+	log.Error("bronze commit failed", "err", "disk full")
+	if after := strings.Count(buf.String(), "bronze commit failed"); after != before {
+		t.Errorf("a table full of other causes let a throttled error through (%d lines, then %d)", before, after)
+	}
+}

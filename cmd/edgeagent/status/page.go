@@ -218,7 +218,6 @@ func secs(f float64) string {
 	return (time.Duration(f * float64(time.Second))).Round(time.Millisecond).String()
 }
 
-// rfc3339 formats t in UTC, or a dash for the zero time.
 // lagText is the lag, or "—" before any reading was processed (a lag of
 // 0 would read as a healthy agent).
 func lagText(w *Window) string {
@@ -228,6 +227,7 @@ func lagText(w *Window) string {
 	return secs(w.LagSeconds)
 }
 
+// rfc3339 formats t in UTC, or a dash for the zero time.
 func rfc3339(t time.Time) string {
 	if t.IsZero() {
 		return "—"
