@@ -657,7 +657,7 @@ func TestEventIDIsNotTheEventTime(t *testing.T) {
 // nats.go refuses a server list that mixes websocket and other URLs at
 // every connect: config check must refuse it (found by a review).
 func TestNATSURLsOfOneKind(t *testing.T) {
-	_, err := Parse("config.yaml", []byte(minimal+"uplink:\n  nats:\n    url: nats://127.0.0.1:4222,ws://127.0.0.1:8080\n"), noEnv)
+	_, err := Parse("config.yaml", []byte(minimal+"uplink:\n  nats:\n    url: nats://127.0.0.1:4222,WS://127.0.0.1:8080\n"), noEnv)
 	if err == nil || !strings.Contains(err.Error(), "uplink.nats.url: mixes websocket") {
 		t.Fatalf("Parse() = %v, want the mix refused", err)
 	}

@@ -553,7 +553,7 @@ func (v *validator) nats() {
 		for _, s := range urls {
 			s = strings.TrimSpace(s)
 			v.brokerURL("uplink.nats.url", s, natsSchemes, false)
-			if strings.HasPrefix(s, "ws://") || strings.HasPrefix(s, "wss://") {
+			if l := strings.ToLower(s); strings.HasPrefix(l, "ws://") || strings.HasPrefix(l, "wss://") {
 				websocket++
 			}
 		}

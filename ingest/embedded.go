@@ -85,7 +85,8 @@ func (e *embedded) stop() {
 		// mochi's Close waits for every connection's goroutine. The connect
 		// deadline bounds that wait; this bounds it whatever else holds a
 		// connection, so SIGTERM always ends the agent. The goroutine left
-		// behind, if any, ends with the process.
+		// behind, if any, ends with the process, or lives on past a reload
+		// until mochi's Close returns (its hooks have returned already).
 		e.dl.barrier()
 		done := make(chan struct{})
 		go func() {

@@ -238,7 +238,10 @@ func (s *cborScanner) item(depth int, extract bool) {
 			case 25:
 				f = float16(uint16(arg))
 			case 26:
-				f, bits = float64(math.Float32frombits(uint32(arg))), 32
+				f = float64(math.Float32frombits(uint32(arg)))
+				if string(s.path) != s.x.timePath {
+					bits = 32
+				}
 			default:
 				f = math.Float64frombits(arg)
 			}
@@ -249,7 +252,9 @@ func (s *cborScanner) item(depth int, extract bool) {
 			// A single-precision value is its shortest decimal as a
 			// single (21.7, what the device meant), not the double it
 			// widens to (21.700000762939453): so it aggregates as the
-			// same reading in JSON does, and an id 0.1 is "0.1".
+			// same reading in JSON does, and an id 0.1 is "0.1". Not an
+			// event time: at 1.7e9 s a single is 128 s coarse, and its
+			// exact value is the nearer one.
 			s.num = strconv.AppendFloat(s.num[:0], f, 'g', -1, bits)
 			s.visit(extract, kNumber, s.num)
 		default:

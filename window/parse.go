@@ -201,6 +201,17 @@ func (x *extractor) visit(path []byte, kind leafKind, text []byte) {
 		return // in auto mode only numbers are metrics; a later number at the same path is added then
 	}
 	if len(x.metrics) == maxMetricsPerReading {
+		// A path whose last value stopped being a number holds a slot
+		// that is no metric: give it to this one.
+		for i := range x.metrics {
+			if m := &x.metrics[i]; m.kind == kAbsent {
+				m.pathOff = len(x.arena)
+				x.arena = append(x.arena, path...)
+				m.pathEnd = len(x.arena)
+				m.leaf = x.store(kind, text)
+				return
+			}
+		}
 		x.tooMany = true
 		return
 	}

@@ -1,6 +1,7 @@
 package window
 
 import (
+	"fmt"
 	"math"
 	"strconv"
 	"strings"
@@ -87,6 +88,12 @@ func TestParseGood(t *testing.T) {
 		{"cbor repeated key ending in a map", nil,
 			msg("cbor/d2/data", "\xa3\x62ts\x1a\x65\xe1\xc3\x40\x61e\x01\x61e\xa1\x61k\x01", recv),
 			1709294400000, false, map[string]float64{"e.k": 1}},
+		{"json keys that stopped being numbers hold no metric slot", nil,
+			msg("sensors/d1/telemetry", `{"ts":1709294400,`+strings.Repeat(`"m":1,"m":"x",`, 1)+manyDropped(64)+`"real":5}`, recv),
+			1709294400000, false, map[string]float64{"real": 5}},
+		{"cbor float32 event time is its exact value", nil,
+			msg("cbor/d2/data", cb(map[string]any{"ts": float32(1709294400), "v": 1}), recv),
+			1709294336000, false, map[string]float64{"v": 1}},
 		// Tag 1 says seconds, whatever time_format says; a float32 is
 		// its shortest decimal as a single (21.7), as in JSON.
 		{"cbor tag 1 time under unix_ms", func(c *Config) { c.TimeFormat = TimeUnixMs },
@@ -328,4 +335,14 @@ func TestFloat16(t *testing.T) {
 	if !math.IsNaN(float16(0x7e00)) {
 		t.Error("float16 NaN")
 	}
+}
+
+// manyDropped writes n keys that are numbers first and strings last: in
+// auto mode none is a metric.
+func manyDropped(n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, `"d%d":1,"d%d":"x",`, i, i)
+	}
+	return b.String()
 }

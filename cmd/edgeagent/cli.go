@@ -364,16 +364,29 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 	if cfg == nil {
 		return code
 	}
-	for cfg != nil {
-		code, cfg = runRound(ctx, e, hup, cfg, *path, *logFormat, *once)
+	var prev *config.Config // the config that ran before a reload
+	for {
+		code, next, opened := runRound(ctx, e, hup, cfg, *path, *logFormat, *once)
+		switch {
+		case next != nil:
+			prev, cfg = cfg, next
+		case !opened && prev != nil && ctx.Err() == nil:
+			// The reloaded config passed the check but did not open
+			// (a damaged file, say): the one before it did, so the
+			// agent goes on with that rather than down.
+			fmt.Fprintf(e.stderr, "edgeagent: the reloaded config did not open; opening the one that ran before it again\n")
+			cfg, prev = prev, nil
+		default:
+			return code
+		}
 	}
-	return code
 }
 
 // runRound opens the agent on cfg (read from path), runs it until ctx is
 // done or a SIGHUP asks for a reload, and closes it. next is the config
-// to open again with, nil when the agent is done.
-func runRound(ctx context.Context, e *env, hup <-chan os.Signal, cfg *config.Config, path, logFormat string, once bool) (code int, next *config.Config) {
+// to open again with, nil when the agent is done; opened says Open
+// succeeded.
+func runRound(ctx context.Context, e *env, hup <-chan os.Signal, cfg *config.Config, path, logFormat string, once bool) (code int, next *config.Config, opened bool) {
 	format := cfg.Log.Format
 	if logFormat != "" {
 		format = logFormat
@@ -389,15 +402,15 @@ func runRound(ctx context.Context, e *env, hup <-chan os.Signal, cfg *config.Con
 			// file: like an invalid config, a restart cannot fix it
 			// (RestartPreventExitStatus=3).
 			fmt.Fprintf(e.stderr, "edgeagent: %s\n", hint.Hint)
-			return exitConfig, nil
+			return exitConfig, nil, false
 		}
 		if invalidConfig(err) {
 			// A setting a stage refuses that config check let through: as
 			// much an invalid config as one config check finds.
 			fmt.Fprintf(e.stderr, "edgeagent: %v\n", err)
-			return exitConfig, nil
+			return exitConfig, nil, false
 		}
-		return exitFail, nil
+		return exitFail, nil, false
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -415,13 +428,13 @@ func runRound(ctx context.Context, e *env, hup <-chan os.Signal, cfg *config.Con
 	}
 	if err != nil {
 		log.Error("stopped with an error", "err", err)
-		return exitFail, nil
+		return exitFail, nil, true
 	}
 	if watch.restarting() {
 		log.Info("starting again with the config read anew", "config", path)
-		return exitOK, watch.next
+		return exitOK, watch.next, true
 	}
-	return exitOK, nil
+	return exitOK, nil, true
 }
 
 func configCheck(_ context.Context, e *env, args []string) int {

@@ -692,9 +692,16 @@ func TestSighupReloadsConfig(t *testing.T) {
 		t.Fatalf("want a clean stop and a second start in the same process; logs:\n%s", p.logs)
 	}
 
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
 	for _, bad := range []struct{ body, log string }{
 		{head + "processing:\n  trigger_interval: soon\n", "SIGHUP: the config has problems; running on"},
 		{head + "processing:\n  trigger_interval: 2s\nwindow:\n  size: 5m\n", "SIGHUP: the agent would not start with this config; running on"},
+		{strings.Replace(head, dir+"/data", dir+"/data2", 1) + "processing:\n  trigger_interval: 2s\n", "data_dir changed"},
+		{strings.Replace(head, statusAddr, busy.Addr().String(), 1) + "processing:\n  trigger_interval: 2s\n", "status.listen " + busy.Addr().String()},
 	} {
 		writeConfig(t, dir, bad.body)
 		n := starts()

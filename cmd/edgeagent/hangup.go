@@ -73,12 +73,12 @@ func (h *hangupWatch) run(ctx context.Context, hup <-chan os.Signal) {
 		var problems bytes.Buffer
 		cfg, _ := loadConfig(&env{stdout: &problems, stderr: &problems}, h.path, true)
 		if cfg == nil {
-			h.log.Error("SIGHUP: the config has problems; running on with the one loaded at start",
+			h.log.Error("SIGHUP: the config has problems; running on with the running one",
 				"config", h.path, "problems", strings.TrimSpace(problems.String()))
 			continue
 		}
 		if err := h.a.CheckReload(cfg); err != nil {
-			h.log.Error("SIGHUP: the agent would not start with this config; running on with the one loaded at start",
+			h.log.Error("SIGHUP: the agent would not start with this config; running on with the running one",
 				"config", h.path, "err", err)
 			continue
 		}
@@ -93,3 +93,15 @@ func (h *hangupWatch) run(ctx context.Context, hup <-chan os.Signal) {
 // restarting reports whether the agent should start again: a reload was
 // asked for and no SIGTERM came since.
 func (h *hangupWatch) restarting() bool { return h.restart.Load() && h.parent.Err() == nil }
+
+// hasControllingTerminal reports whether the process has one: /dev/tty
+// opens only then. A service started by systemd has none; an agent run
+// from a shell has, whatever its output is redirected to.
+func hasControllingTerminal() bool {
+	f, err := os.Open("/dev/tty")
+	if err != nil {
+		return false
+	}
+	f.Close()
+	return true
+}

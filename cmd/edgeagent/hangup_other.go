@@ -10,5 +10,3 @@ func isTTY(f *os.File) bool {
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
-
-func hasControllingTerminal() bool { return isTTY(os.Stdin) || isTTY(os.Stderr) }

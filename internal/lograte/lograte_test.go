@@ -75,4 +75,12 @@ func TestFullTableKeepsLiveEntries(t *testing.T) {
 	if after := strings.Count(buf.String(), "bronze commit failed"); after != before {
 		t.Errorf("a table full of other causes let a throttled error through (%d lines, then %d)", before, after)
 	}
+	// A new cause with no room in the full table is throttled by its
+	// message: once, not on every repeat.
+	for range 100 {
+		log.Error("state commit failed", "err", "input/output error")
+	}
+	if n := strings.Count(buf.String(), "state commit failed"); n != 1 {
+		t.Errorf("a new error with the table full logged %d times, want 1", n)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -83,6 +84,27 @@ type Agent struct {
 // the start would refuse (a changed window.size, a setting a stage
 // refuses) leaves the agent running instead of down.
 func (a *Agent) CheckReload(cfg *config.Config) error {
+	if cfg.DataDir != a.cfg.DataDir {
+		// The check reads this agent's state, not the other directory's.
+		return fmt.Errorf("data_dir changed from %s to %s: moving the data takes a restart, not a reload", a.cfg.DataDir, cfg.DataDir)
+	}
+	// An address the new config listens on that something else holds
+	// would fail the start after the running agent stopped.
+	for _, l := range []struct{ key, old, new string }{
+		{"status.listen", a.cfg.Status.Listen, cfg.Status.Listen},
+		{"mqtt.embedded.listen", embeddedListen(a.cfg), embeddedListen(cfg)},
+	} {
+		if l.new == "" || l.new == l.old {
+			continue
+		}
+		ln, err := net.Listen("tcp", l.new)
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", l.key, l.new, err)
+		}
+		if err := ln.Close(); err != nil {
+			return fmt.Errorf("%s %s: %w", l.key, l.new, err)
+		}
+	}
 	if icfg, err := ingestConfig(cfg, a.log, a.opts.Clock); err != nil {
 		return err
 	} else if err := icfg.Validate(); err != nil {
@@ -106,6 +128,14 @@ func (a *Agent) CheckReload(cfg *config.Config) error {
 		return fmt.Errorf("alerts: %w", err)
 	}
 	return nil
+}
+
+// embeddedListen is the built-in broker's address, "" with an external one.
+func embeddedListen(cfg *config.Config) string {
+	if cfg.MQTT.Broker != "embedded" {
+		return ""
+	}
+	return cfg.MQTT.Embedded.Listen
 }
 
 // alertConfig maps the alert rules and local publishing (OnLocal unset).
