@@ -13,7 +13,7 @@ import (
 // added without an entry.
 var metricHelp = map[string]string{
 	"edgeagent_info":                                  "Build and identity: the gateway name and the agent's version, as labels.",
-	"edgeagent_uptime_seconds":                        "Seconds since the agent started.",
+	"edgeagent_uptime_seconds":                        "Seconds since the agent started or was last reloaded (SIGHUP).",
 	"edgeagent_warnings":                              "Active warnings; status.json and the status page name each one's cause.",
 	"edgeagent_ingest_connected":                      "1 while the agent is connected to the device broker.",
 	"edgeagent_ingest_messages_received_total":        "MQTT messages received from the device broker.",
