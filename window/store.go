@@ -247,35 +247,37 @@ func CheckState(db *bolt.DB, cfg Config) error {
 		if m == nil {
 			return nil
 		}
-		stored := m.Get(keyFingerprint)
-		if stored == nil {
-			return nil
-		}
-		old, err := decodeFingerprint(stored)
-		if err != nil {
-			return err
-		}
-		return compareFingerprint(old, cfg.fingerprint(), cfg.ConfigPath)
+		_, err := compareStored(m, &cfg)
+		return err
 	})
+}
+
+// compareStored compares cfg with the fingerprint stored in m, if one is
+// (stored says so).
+func compareStored(m *bolt.Bucket, cfg *Config) (stored bool, err error) {
+	raw := m.Get(keyFingerprint)
+	if raw == nil {
+		return false, nil
+	}
+	old, err := decodeFingerprint(raw)
+	if err != nil {
+		return true, err
+	}
+	return true, compareFingerprint(old, cfg.fingerprint(), cfg.ConfigPath)
 }
 
 // checkFingerprint stores the fingerprint on first use and refuses a
 // changed one.
 func checkFingerprint(tx *bolt.Tx, cfg *Config) error {
 	m := tx.Bucket(bucketMeta)
-	cur := cfg.fingerprint()
-	stored := m.Get(keyFingerprint)
-	if stored == nil {
-		if err := m.Put(keyFingerprint, encodeFingerprint(cur)); err != nil {
-			return fmt.Errorf("store fingerprint: %w", err)
-		}
-		return nil
-	}
-	old, err := decodeFingerprint(stored)
-	if err != nil {
+	stored, err := compareStored(m, cfg)
+	if stored {
 		return err
 	}
-	return compareFingerprint(old, cur, cfg.ConfigPath)
+	if err := m.Put(keyFingerprint, encodeFingerprint(cfg.fingerprint())); err != nil {
+		return fmt.Errorf("store fingerprint: %w", err)
+	}
+	return nil
 }
 
 // loadEngine builds an engine from the stored state. With a load hook,

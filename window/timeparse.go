@@ -74,21 +74,8 @@ func rfc3339Ms(s []byte, format string) (int64, timeErr) {
 	case TimeUnixS, TimeUnixMs, TimeUnixNs:
 		return 0, timeNotNum
 	}
-	str := string(s)
-	// RFC 3339 allows a lowercase t and z (its §5.6), which Go's parser
-	// refuses; and Go takes a zone offset of 24 hours or 60 minutes, where
-	// RFC 3339's run 00–23 and 00–59 (a reading would be moved silently).
-	if n := len(str); n > 10 && (str[10] == 't' || str[n-1] == 'z') {
-		b := []byte(str)
-		if b[10] == 't' {
-			b[10] = 'T'
-		}
-		if b[n-1] == 'z' {
-			b[n-1] = 'Z'
-		}
-		str = string(b)
-	}
-	if n := len(str); n > 6 && (str[n-6] == '+' || str[n-6] == '-') && str[n-3] == ':' && (str[n-5:n-3] > "23" || str[n-2:] > "59") {
+	str, ok := rfc3339ForGo(string(s))
+	if !ok {
 		return 0, timeBadText
 	}
 	t, err := time.Parse(time.RFC3339Nano, str)
@@ -100,6 +87,29 @@ func rfc3339Ms(s []byte, format string) (int64, timeErr) {
 		return 0, timeRange
 	}
 	return ms, timeOK
+}
+
+// rfc3339ForGo closes the gaps between RFC 3339 and Go's parser: RFC 3339
+// allows a lowercase t and z (its §5.6), which Go refuses, so they are made
+// upper case; and Go takes a zone offset of 24 hours or 60 minutes, where
+// RFC 3339's run 00–23 and 00–59 (a reading would be moved silently), so
+// ok is false for those.
+func rfc3339ForGo(str string) (_ string, ok bool) {
+	n := len(str)
+	if n > 10 && (str[10] == 't' || str[n-1] == 'z') {
+		b := []byte(str)
+		if b[10] == 't' {
+			b[10] = 'T'
+		}
+		if b[n-1] == 'z' {
+			b[n-1] = 'Z'
+		}
+		str = string(b)
+	}
+	if n > 6 && (str[n-6] == '+' || str[n-6] == '-') && str[n-3] == ':' && (str[n-5:n-3] > "23" || str[n-2:] > "59") {
+		return str, false
+	}
+	return str, true
 }
 
 // decimal is ±digits×10^exp with digits free of leading zeros (empty for 0).

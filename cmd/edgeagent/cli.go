@@ -356,10 +356,10 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 		e.errorf("--log-format must be text or json, not %q", *logFormat)
 		return exitUsage
 	}
-	// Each round opens the agent on the config file as it is; a SIGHUP
-	// that asks for a reload ends the round cleanly (see hangupWatch).
-	// The restart stays in the process, so no SIGTERM that arrives during
-	// it is lost, as it was across an exec.
+	// Each round opens the agent on a checked config; a SIGHUP that asks
+	// for a reload ends the round cleanly (see hangupWatch). The restart
+	// stays in the process, so no SIGTERM that arrives during it is lost,
+	// as it was across an exec.
 	cfg, code := loadConfig(e, *path, true)
 	if cfg == nil {
 		return code

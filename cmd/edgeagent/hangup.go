@@ -35,9 +35,8 @@ func notifyHangup() (hup <-chan os.Signal, unnotify func()) {
 // with it (agent.CheckReload), the agent stops cleanly and restarting
 // reports true, for runAgent to open it again in the same process; a
 // config it would refuse is logged and the agent runs on with the one it
-// has. Go's default for
-// SIGHUP ended the process without the drain, and systemd took that for a
-// clean exit and left it stopped.
+// has. Go's default for SIGHUP ended the process without the drain, and
+// systemd took that for a clean exit and left it stopped.
 type hangupWatch struct {
 	parent  context.Context // cancelled by SIGTERM/SIGINT: no restart then
 	stop    context.CancelFunc

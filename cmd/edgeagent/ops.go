@@ -283,7 +283,11 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
-	return ok && isTTY(f)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
 // printStatus prints the snapshot as a short table, warnings first.

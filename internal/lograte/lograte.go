@@ -23,8 +23,6 @@ type Handler struct {
 type state struct {
 	mu   sync.Mutex
 	seen map[string]*entry
-	// byMessage throttles by message alone what seen has no room for.
-	byMessage map[string]*entry
 }
 
 type entry struct {
@@ -41,7 +39,7 @@ func New(next slog.Handler, interval time.Duration, now func() time.Time) *Handl
 	if now == nil {
 		now = time.Now
 	}
-	return &Handler{next: next, interval: interval, now: now, state: &state{seen: map[string]*entry{}, byMessage: map[string]*entry{}}}
+	return &Handler{next: next, interval: interval, now: now, state: &state{seen: map[string]*entry{}}}
 }
 
 // Enabled reports whether the wrapped handler handles level.
@@ -57,6 +55,16 @@ func (h *Handler) Handle(ctx context.Context, r slog.Record) error {
 	key := throttleKey(r)
 	h.state.mu.Lock()
 	e := h.state.seen[key]
+	if e == nil && len(h.state.seen) >= maxKeys {
+		h.state.evict(now, h.interval)
+		if len(h.state.seen) >= maxKeys {
+			// A table full of causes still throttling: this one is
+			// throttled by its message alone rather than lifting
+			// theirs. Messages are constants, so these keys add few.
+			key = r.Message
+			e = h.state.seen[key]
+		}
+	}
 	if e != nil && now.Sub(e.last) < h.interval {
 		e.suppressed++
 		h.state.mu.Unlock()
@@ -64,30 +72,8 @@ func (h *Handler) Handle(ctx context.Context, r slog.Record) error {
 	}
 	repeated := 0
 	if e == nil {
-		if len(h.state.seen) >= maxKeys {
-			h.state.evict(now, h.interval)
-		}
-		if len(h.state.seen) >= maxKeys {
-			// A table full of causes still throttling: this one is
-			// throttled by its message alone (messages are constants,
-			// so that table stays small) rather than lifting theirs.
-			key = r.Message
-			if e = h.state.byMessage[key]; e != nil && now.Sub(e.last) < h.interval {
-				e.suppressed++
-				h.state.mu.Unlock()
-				return nil
-			}
-			if e == nil {
-				if len(h.state.byMessage) >= maxKeys {
-					clear(h.state.byMessage)
-				}
-				e = &entry{}
-				h.state.byMessage[key] = e
-			}
-		} else {
-			e = &entry{}
-			h.state.seen[key] = e
-		}
+		e = &entry{}
+		h.state.seen[key] = e
 	}
 	repeated, e.suppressed, e.last = e.suppressed, 0, now
 	h.state.mu.Unlock()

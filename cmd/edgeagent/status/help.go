@@ -102,7 +102,7 @@ func writeWithHelp(w io.Writer, write func(io.Writer)) error {
 	for line := range strings.Lines(buf.String()) {
 		if name, ok := strings.CutPrefix(line, "# HELP "); ok {
 			name = strings.TrimSuffix(name, "\n")
-			if text := metricHelp[name]; text != "" && !strings.Contains(name, " ") {
+			if text := metricHelp[name]; text != "" {
 				out.WriteString("# HELP " + name + " " + text + "\n")
 				continue
 			}
