@@ -15,6 +15,7 @@ import (
 	"github.com/eclipse/paho.mqtt.golang/packets"
 
 	"github.com/edgeagent/edgeagent/buffer"
+	"github.com/edgeagent/edgeagent/testrig/logbuf"
 	"github.com/edgeagent/edgeagent/testrig/mqtttest"
 )
 
@@ -211,7 +212,7 @@ func TestSubscribeTimeoutReconnects(t *testing.T) {
 			}()
 		}
 	}()
-	logs := &logBuffer{}
+	logs := &logbuf.Buffer{}
 	cfg := testConfig(t, "tcp://"+ln.Addr().String(), "edgeagent-nosuback", logs)
 	cfg.ConnectTimeout = 300 * time.Millisecond
 	startIngester(t, openBronze(t, buffer.Options{}), cfg)

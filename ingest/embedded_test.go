@@ -17,6 +17,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/edgeagent/edgeagent/buffer"
+	"github.com/edgeagent/edgeagent/testrig/logbuf"
 	"github.com/edgeagent/edgeagent/testrig/mqtttest"
 )
 
@@ -121,7 +122,7 @@ func rawRoundTrip(t testing.TB, conn net.Conn, req []byte, n int) {
 // embedded broker then drops what it would send it, counts the drops and
 // warns, and device data keeps being ingested and acknowledged.
 func TestEmbeddedStuckSubscriberIsCountedNotBlocking(t *testing.T) {
-	logs := &logBuffer{}
+	logs := &logbuf.Buffer{}
 	b := openBronze(t, buffer.Options{})
 	cfg := embeddedConfig(t, "edgeagent-stuck", logs)
 	cfg.EmbeddedMaxPendingWrites = 4
@@ -375,7 +376,7 @@ func TestEmbeddedForgetsDisconnectedClients(t *testing.T) {
 // client's write queue reaches a QoS1 subscriber that keeps reading: the
 // publishes wait for it instead of overflowing its queue.
 func TestEmbeddedLocalBurstReachesAReadingSubscriber(t *testing.T) {
-	logs := &logBuffer{}
+	logs := &logbuf.Buffer{}
 	b := openBronze(t, buffer.Options{})
 	cfg := embeddedConfig(t, "edgeagent-burst", logs)
 	cfg.EmbeddedMaxPendingWrites = 16
@@ -405,7 +406,7 @@ func TestEmbeddedLocalBurstReachesAReadingSubscriber(t *testing.T) {
 // for a while: then it is taken for a stuck one, its messages are dropped
 // and counted, and publishing goes on without waiting for it.
 func TestEmbeddedStuckQoS1SubscriberStopsHoldingPublishes(t *testing.T) {
-	logs := &logBuffer{}
+	logs := &logbuf.Buffer{}
 	b := openBronze(t, buffer.Options{})
 	cfg := embeddedConfig(t, "edgeagent-stuck1", logs)
 	cfg.EmbeddedMaxPendingWrites = 4
@@ -441,7 +442,7 @@ func TestEmbeddedStuckQoS1SubscriberStopsHoldingPublishes(t *testing.T) {
 // one closes the sender's connection, counted and logged, without being
 // read into memory, and other devices go on.
 func TestEmbeddedBoundsPacketSize(t *testing.T) {
-	logs := &logBuffer{}
+	logs := &logbuf.Buffer{}
 	b := openBronze(t, buffer.Options{})
 	cfg := embeddedConfig(t, "edgeagent-bound", logs)
 	cfg.MaxPayloadBytes = 4 << 10

@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,26 +20,9 @@ import (
 
 	"github.com/edgeagent/edgeagent/buffer"
 	"github.com/edgeagent/edgeagent/internal/topic"
+	"github.com/edgeagent/edgeagent/testrig/logbuf"
 	"github.com/edgeagent/edgeagent/testrig/mqtttest"
 )
-
-// logBuffer collects log output so tests can check that a fault was logged.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
 
 func openBronze(t testing.TB, opts buffer.Options) *buffer.Bronze {
 	t.Helper()
@@ -170,7 +152,7 @@ func TestCommitFailureHoldsAcks(t *testing.T) {
 		}
 		return nil
 	}})
-	logs := &logBuffer{}
+	logs := &logbuf.Buffer{}
 	in := startIngester(t, b, testConfig(t, mosq.URL(), "edgeagent-fail", logs))
 	mqtttest.WaitFor(t, 10*time.Second, "connected", in.Connected)
 	pub := mqtttest.NewPublisher(t, mosq.URL(), "device-pub")
@@ -205,7 +187,7 @@ func TestCommitFailureHoldsAcks(t *testing.T) {
 func TestBronzeFullHoldsAcks(t *testing.T) {
 	mosq := mqtttest.StartMosquitto(t, "")
 	b := openBronze(t, buffer.Options{MaxBytes: 4096})
-	logs := &logBuffer{}
+	logs := &logbuf.Buffer{}
 	in := startIngester(t, b, testConfig(t, mosq.URL(), "edgeagent-full", logs))
 	mqtttest.WaitFor(t, 10*time.Second, "connected", in.Connected)
 	pub := mqtttest.NewPublisher(t, mosq.URL(), "device-pub")
@@ -307,7 +289,7 @@ func TestBrokerDownAndRestart(t *testing.T) {
 	mosq := mqtttest.StartMosquitto(t, "")
 	mosq.Stop()
 	b := openBronze(t, buffer.Options{})
-	logs := &logBuffer{}
+	logs := &logbuf.Buffer{}
 	cfg := testConfig(t, mosq.URL(), "edgeagent-restart", logs)
 	cfg.ClockTick = 20 * time.Millisecond
 	in := startIngester(t, b, cfg)
@@ -516,7 +498,7 @@ func TestRecordLargerThanBronzeIsRefused(t *testing.T) {
 // a warning with the reason, not only at debug level by paho.
 func TestConnectFailureIsLogged(t *testing.T) {
 	b := openBronze(t, buffer.Options{})
-	logs := &logBuffer{}
+	logs := &logbuf.Buffer{}
 	url := fmt.Sprintf("tcp://127.0.0.1:%d", mqtttest.FreePort(t))
 	startIngester(t, b, testConfig(t, url, "edgeagent-refused", logs))
 	mqtttest.WaitFor(t, 10*time.Second, "a connect-failure warning", func() bool {
@@ -553,7 +535,7 @@ func TestConnectFailureIsLogged(t *testing.T) {
 func TestLostSessionIsWarned(t *testing.T) {
 	mosq := mqtttest.StartMosquitto(t, "")
 	b := openBronze(t, buffer.Options{})
-	logs := &logBuffer{}
+	logs := &logbuf.Buffer{}
 	in := startIngester(t, b, testConfig(t, mosq.URL(), "edgeagent-session", logs))
 	mqtttest.WaitFor(t, 10*time.Second, "connected", in.Connected)
 	if n := in.Stats().SessionsLost.Load(); n != 0 {
@@ -614,7 +596,7 @@ func (denyReading) OnACLCheck(_ *mochi.Client, _ string, write bool) bool     { 
 func TestRefusedSubscriptionIsReported(t *testing.T) {
 	url := mqtttest.StartMochiWith(t, new(denyReading))
 	b := openBronze(t, buffer.Options{})
-	logs := &logBuffer{}
+	logs := &logbuf.Buffer{}
 	in := startIngester(t, b, testConfig(t, url, "edgeagent-acl", logs))
 	mqtttest.WaitFor(t, 10*time.Second, "the refusal recorded", func() bool { _, refused := in.Stats().SubscribeError(); return refused })
 	if msg, _ := in.Stats().SubscribeError(); !strings.Contains(msg, "sensors/+/telemetry refused") || !strings.Contains(logs.String(), "the broker refused a subscription") {

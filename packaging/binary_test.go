@@ -11,12 +11,12 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/edgeagent/edgeagent/buffer"
+	"github.com/edgeagent/edgeagent/testrig/logbuf"
 	"github.com/edgeagent/edgeagent/testrig/mqtttest"
 )
 
@@ -177,24 +177,6 @@ func TestEmulatedAgent(t *testing.T) {
 	}
 }
 
-// syncBuffer collects a child's output while it runs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func runAgentEmulated(t *testing.T, argv []string, dir string) {
 	t.Helper()
 	port := mqtttest.FreePort(t)
@@ -218,7 +200,7 @@ status:
 		t.Fatal(err)
 	}
 
-	logs := &syncBuffer{}
+	logs := &logbuf.Buffer{}
 	cmd := emulated(argv, "run", "-c", cfg)
 	cmd.Stdout, cmd.Stderr = logs, logs
 	start := time.Now()

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/edgeagent/edgeagent/testrig/faultproxy"
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/edgeagent/edgeagent/testrig/logbuf"
 	"github.com/edgeagent/edgeagent/testrig/mqtttest"
 	"github.com/edgeagent/edgeagent/testrig/natstest"
 	"github.com/edgeagent/edgeagent/uplink/wire"
@@ -264,7 +264,7 @@ func TestNATSStreamMissing(t *testing.T) {
 		natstest.CreateStream(t, srv.URL(), testStream, []string{"other.x"}, 0)
 		db := openDB(t)
 		fill(t, db, fx.rows, 100)
-		var logs lockedBuffer
+		var logs logbuf.Buffer
 		cfg := natsConfig(srv.URL())
 		cfg.NATS.CreateStream = true
 		cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
@@ -395,22 +395,4 @@ func TestWebsocketUplinks(t *testing.T) {
 		u.waitDelivered(t, fx, 20*time.Second)
 		collector.receiver(t).check(t, fx.truth(t))
 	})
-}
-
-// lockedBuffer is a log destination safe for the uplink's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

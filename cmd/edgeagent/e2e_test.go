@@ -24,6 +24,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/edgeagent/edgeagent/buffer"
+	"github.com/edgeagent/edgeagent/testrig/logbuf"
 	"github.com/edgeagent/edgeagent/testrig/mqtttest"
 )
 
@@ -51,25 +52,8 @@ func TestMain(m *testing.M) {
 // agentProc is the agent running as a child process.
 type agentProc struct {
 	cmd  *exec.Cmd
-	logs *syncBuffer
+	logs *logbuf.Buffer
 	done chan struct{}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func startAgent(t *testing.T, args ...string) *agentProc {
@@ -86,7 +70,7 @@ func startAgentEnv(t *testing.T, env []string, args ...string) *agentProc {
 // startAgentWith is startAgent with the command edited before it starts.
 func startAgentWith(t *testing.T, edit func(*exec.Cmd), args ...string) *agentProc {
 	t.Helper()
-	p := &agentProc{cmd: exec.Command(agentBin, args...), logs: &syncBuffer{}, done: make(chan struct{})}
+	p := &agentProc{cmd: exec.Command(agentBin, args...), logs: &logbuf.Buffer{}, done: make(chan struct{})}
 	p.cmd.Env = os.Environ()
 	edit(p.cmd)
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs

@@ -10,11 +10,11 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/edgeagent/edgeagent/testrig/certtest"
+	"github.com/edgeagent/edgeagent/testrig/logbuf"
 )
 
 // stamp sets the files' modification time to now+ahead.
@@ -39,29 +39,11 @@ func servedCert(t *testing.T, addr string) []byte {
 	return conn.ConnectionState().PeerCertificates[0].Raw
 }
 
-// lockedBuffer is a log sink safe for the server's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func TestTLSEndpoint(t *testing.T) {
 	dir := t.TempDir()
 	certFile, keyFile := filepath.Join(dir, "status.crt"), filepath.Join(dir, "status.key")
 	first := certtest.WriteSelfSigned(t, certFile, keyFile, "gw-7.example")
-	var logs lockedBuffer
+	var logs logbuf.Buffer
 	src := &fakeSource{snap: sampleSnapshot(), ready: true}
 	s := startServer(t, Config{Listen: "127.0.0.1:0", Token: "s3cret", CertFile: certFile, KeyFile: keyFile,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))}, src)
@@ -132,7 +114,7 @@ func TestTLSEndpoint(t *testing.T) {
 }
 
 func TestPlainHTTPOffLoopbackWarns(t *testing.T) {
-	var logs lockedBuffer
+	var logs logbuf.Buffer
 	cfg := Config{Listen: "0.0.0.0:0", Token: "s3cret", Logger: slog.New(slog.NewTextHandler(&logs, nil))}
 	if _, err := New(cfg, &fakeSource{}); err != nil {
 		t.Fatal(err)
