@@ -322,7 +322,7 @@ func TestBinarySizeBudget(t *testing.T) {
 		}
 		t.Logf("%s: %d bytes (%.2f MiB)", a.Name, st.Size(), float64(st.Size())/(1<<20))
 		if a.Name == "arm64" && st.Size() >= maxARM64Binary {
-			t.Errorf("arm64 binary is %d bytes (%.2f MiB), over the %d MiB budget; see README, Binary size",
+			t.Errorf("arm64 binary is %d bytes (%.2f MiB), over the %d MiB budget; see docs/performance.md, Binary size",
 				st.Size(), float64(st.Size())/(1<<20), maxARM64Binary>>20)
 		}
 	}

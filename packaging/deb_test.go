@@ -38,6 +38,7 @@ var wantDebFiles = []debFile{
 	{"./usr/share/doc/edgeagent/alerts.md", "-rw-r--r--", "root/root", "docs/alerts.md"},
 	{"./usr/share/doc/edgeagent/uplink.md", "-rw-r--r--", "root/root", "docs/uplink.md"},
 	{"./usr/share/doc/edgeagent/wire-format.md", "-rw-r--r--", "root/root", "docs/wire-format.md"},
+	{"./usr/share/doc/edgeagent/performance.md", "-rw-r--r--", "root/root", "docs/performance.md"},
 }
 
 // TestDebPackages inspects every .deb the way dpkg sees it: control
