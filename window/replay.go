@@ -56,8 +56,13 @@ const replayBatch = 10_000
 // emitted. It does not read or change the live window state.
 //
 // Memory grows with the number of windows in the range.
+//
+// A config whose window identity settings (the fingerprint: gateway,
+// size, slide, event id and time) differ from the saved state's is refused
+// with ErrIncompatibleState, as New refuses it: its windows would carry the
+// identities of other windows and overwrite them at the receiver.
 func Replay(db *bolt.DB, src Source, cfg Config, from, to time.Time) (int, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := CheckState(db, cfg); err != nil {
 		return 0, err
 	}
 	cfg = cfg.withDefaults()

@@ -125,6 +125,12 @@ uplink:
 	if exitCode(err) != exitConfig || !strings.Contains(string(out), "window.size changed") || !strings.Contains(string(out), "edgeagent reset-state -c "+cfgPath+"`") {
 		t.Fatalf("run after a window-size change: %v\n%s", err, out)
 	}
+	// replay under that config is refused the same way: its two-minute
+	// windows would overwrite the one-minute windows of the same starts.
+	out, err = exec.Command(agentBin, "replay", "-c", cfgPath, "--from", time.UnixMilli(base).UTC().Format(time.RFC3339), "--to", time.UnixMilli(base+4*60_000).UTC().Format(time.RFC3339)).CombinedOutput()
+	if exitCode(err) != exitConfig || !strings.Contains(string(out), "window.size changed") || !strings.Contains(string(out), "edgeagent reset-state -c "+cfgPath) {
+		t.Fatalf("replay after a window-size change: %v\n%s", err, out)
+	}
 	// The command as the refusal names it, no confirmation flag.
 	if out, err := exec.Command(agentBin, "reset-state", "-c", cfgPath).CombinedOutput(); err != nil || !strings.Contains(string(out), "Window state reset") {
 		t.Fatalf("reset-state: %v\n%s", err, out)
@@ -270,8 +276,16 @@ func TestDamagedDataFiles(t *testing.T) {
 		// reset-state stops too: with Bronze damaged it would drop the state
 		// and leave nothing to rebuild it from.
 		out, err = exec.Command(agentBin, "reset-state", "-c", cfgPath).CombinedOutput()
-		if exitCode(err) != exitFail || !strings.Contains(string(out), path+" is damaged") || strings.Contains(string(out), "Stop the agent") {
+		if exitCode(err) != exitConfig || !strings.Contains(string(out), path+" is damaged") || strings.Contains(string(out), "Stop the agent") {
 			t.Errorf("reset-state with a damaged %s: %v\n%s", file, err, out)
+		}
+		// The other commands that read the files exit as run does.
+		table := map[string]string{"state.db": "late", "bronze.db": "bronze"}[file]
+		for _, args := range [][]string{{"replay", "-c", cfgPath, "--from", "2026-11-28", "--to", "2026-11-29"}, {"inspect", table, "-c", cfgPath}} {
+			out, err = exec.Command(agentBin, args...).CombinedOutput()
+			if exitCode(err) != exitConfig || !strings.Contains(string(out), path+" is damaged") {
+				t.Errorf("%s with a damaged %s: %v\n%s", args[0], file, err, out)
+			}
 		}
 		if err := os.Rename(path, path+".damaged"); err != nil {
 			t.Fatal(err)

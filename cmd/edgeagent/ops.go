@@ -402,8 +402,12 @@ func inspectCmd(ctx context.Context, e *env, table string, args []string) int {
 		}
 	}
 	if !viaEndpoint {
-		rows, err = inspectFiles(cfg, table, q)
+		var file string
+		rows, file, err = inspectFiles(cfg, table, q)
 		if err != nil {
+			if file != "" {
+				return openFailed(e, fmt.Errorf("inspect %s: %w", table, err), cfg.DataDir, file, "inspect")
+			}
 			e.errorf("inspect %s: %v", table, err)
 			return exitFail
 		}
@@ -420,24 +424,26 @@ func inspectCmd(ctx context.Context, e *env, table string, args []string) int {
 	return printRows(e, rows)
 }
 
-// inspectFiles reads the tables from the files of a stopped agent.
-func inspectFiles(cfg *config.Config, table string, q status.Query) (any, error) {
+// inspectFiles reads table from the files of a stopped agent; file names
+// the one that would not open, if that was the error.
+func inspectFiles(cfg *config.Config, table string, q status.Query) (rows any, file string, err error) {
 	bronzePath := filepath.Join(cfg.DataDir, agent.BronzeFile)
 	b, err := buffer.Open(bronzePath, buffer.Options{ReadOnly: true})
 	if err != nil {
-		return nil, err
+		return nil, agent.BronzeFile, err
 	}
 	defer b.Close()
 	db, err := agent.OpenState(cfg.DataDir, true)
 	if err != nil {
-		return nil, err
+		return nil, agent.StateFile, err
 	}
 	defer db.Close()
 	t, err := agent.NewTables(cfg, b, db)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	return t.Inspect(table, q)
+	rows, err = t.Inspect(table, q)
+	return rows, "", err
 }
 
 // printRows prints any JSON-able rows as one compact JSON object a line,
@@ -470,6 +476,7 @@ func openFailed(e *env, err error, dataDir, file, cmd string) int {
 		e.errorf("%v. Stop the agent first (systemctl stop edgeagent), then run %s again.", err, cmd)
 	case errors.As(agent.Damaged(err, dataDir, file), &hint):
 		e.errorf("%v\n%s", err, hint.Hint)
+		return exitConfig // as run exits: no retry reads a damaged file
 	default:
 		e.errorf("%v", err)
 	}
@@ -561,6 +568,12 @@ func replayCmd(_ context.Context, e *env, args []string) int {
 	n, err := window.Replay(db, b, wcfg, from, to)
 	if err != nil {
 		e.errorf("replay: %v", err)
+		if errors.Is(err, window.ErrIncompatibleState) {
+			// What run would refuse: a replay under it would overwrite
+			// other windows at the receiver.
+			e.errorf("replay under the config the saved state was built with, or rebuild the state first: edgeagent reset-state -c %s", *path)
+			return exitConfig
+		}
 		return exitFail
 	}
 	oldest := "nothing"
