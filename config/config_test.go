@@ -191,7 +191,9 @@ func TestUplinkTransport(t *testing.T) {
 }
 
 // example.yaml is installed as /etc/edgeagent/config.yaml: it must be
-// valid, hold exactly the defaults, and show every key.
+// valid, hold exactly the defaults, and show every key. Keys whose default
+// follows another key's value are shown commented out: written, they would
+// stop following it when a technician edits only window.size.
 func TestExampleFile(t *testing.T) {
 	data, err := os.ReadFile("example.yaml")
 	if err != nil {
@@ -219,7 +221,15 @@ func TestExampleFile(t *testing.T) {
 			}
 			continue
 		}
-		if _, ok := c.src.pos[strings.ReplaceAll(p, "[]", "[0]")]; !ok {
+		_, written := c.src.pos[strings.ReplaceAll(p, "[]", "[0]")]
+		if derivedKeys[p] {
+			leaf := p[strings.LastIndex(p, ".")+1:]
+			if written || !regexp.MustCompile(`(?m)^\s*#\s*`+leaf+`:`).Match(data) {
+				t.Errorf("example.yaml: %s follows another key's value: show it commented out, not written", p)
+			}
+			continue
+		}
+		if !written {
 			t.Errorf("example.yaml does not show %s", p)
 		}
 	}
@@ -770,3 +780,7 @@ func TestDocExamplesAreValid(t *testing.T) {
 		t.Errorf("checked %d examples; the README, config.md and install.md have whole ones", checked)
 	}
 }
+
+// derivedKeys are the keys whose default ApplyDerived takes from
+// window.size while the file does not write them.
+var derivedKeys = map[string]bool{"window.slide": true, "window.idle_timeout": true, "window.device_expiry": true}
