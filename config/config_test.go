@@ -11,6 +11,10 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/nats-io/nkeys"
+
+	"github.com/edgeagent/edgeagent/testrig/certtest"
 )
 
 func noEnv(string) (string, bool) { return "", false }
@@ -510,9 +514,7 @@ func TestLoad(t *testing.T) {
 func TestCheckFiles(t *testing.T) {
 	dir := t.TempDir()
 	ca := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(ca, []byte("pem"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	certtest.WriteSelfSigned(t, ca, filepath.Join(dir, "ca.key"), "127.0.0.1")
 	c := mustParse(t, `gateway_id: gw
 mqtt:
   broker: ssl://127.0.0.1:8883
@@ -543,6 +545,68 @@ uplink:
 	c.Uplink.NATS.CredsFile, c.Uplink.NATS.TLS.CAFile = "", ""
 	if err := c.CheckFiles(); err != nil {
 		t.Errorf("CheckFiles() with readable files = %v", err)
+	}
+}
+
+// A file that can be read is also loaded as the agent loads it, so a file
+// of the wrong kind is found by config check, with its line, and not at
+// start or at every uplink connect.
+func TestCheckFilesLoadsWhatItReads(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	notPEM := write("not.pem", "pem")
+	certA, keyA := filepath.Join(dir, "a.crt"), filepath.Join(dir, "a.key")
+	certtest.WriteSelfSigned(t, certA, keyA, "127.0.0.1")
+	certB, keyB := filepath.Join(dir, "b.crt"), filepath.Join(dir, "b.key")
+	certtest.WriteSelfSigned(t, certB, keyB, "127.0.0.1")
+	user, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, err := user.Seed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	goodCreds := write("good.creds", "-----BEGIN NATS USER JWT-----\neyJhbGciOiJlZDI1NTE5In0.e30.c2ln\n------END NATS USER JWT------\n\n-----BEGIN USER NKEY SEED-----\n"+string(seed)+"\n------END USER NKEY SEED------\n")
+	badCreds := write("bad.creds", "not a credentials file\n")
+	parse := func(mqttCA, certFile, keyFile, creds string) *Config {
+		return mustParse(t, `gateway_id: gw
+mqtt:
+  broker: ssl://127.0.0.1:8883
+  tls:
+    ca_file: `+mqttCA+`
+    cert_file: `+certFile+`
+    key_file: `+keyFile+`
+  subscriptions: [{topic: "a/{device}"}]
+uplink:
+  nats:
+    url: nats://127.0.0.1:4222
+    creds_file: `+creds+`
+`)
+	}
+	err = parse(notPEM, certA, keyB, badCreds).CheckFiles()
+	var errs *Errors
+	if !errors.As(err, &errs) || len(errs.List) != 3 {
+		t.Fatalf("CheckFiles() = %v, want three problems", err)
+	}
+	got := err.Error()
+	for _, want := range []string{
+		"config.yaml:5: mqtt.tls.ca_file: " + notPEM + " holds no PEM certificate",
+		"config.yaml:6: mqtt.tls.cert_file: " + certA + " with " + keyB + ": tls: private key does not match public key",
+		"config.yaml:12: uplink.nats.creds_file: " + badCreds + " is not a NATS credentials file",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("CheckFiles() =\n%s\nwant a line %q", got, want)
+		}
+	}
+	if err := parse(certA, certB, keyB, goodCreds).CheckFiles(); err != nil {
+		t.Errorf("CheckFiles() with good files = %v", err)
 	}
 }
 

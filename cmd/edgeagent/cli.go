@@ -321,8 +321,8 @@ Examples:
 		summary: "validate a config file and print the effective config",
 		usage: `Usage: edgeagent config check -c FILE [--skip-files]
 
-Validates the file, and checks that the TLS and NATS credentials files it
-names can be read. When it is valid, prints the effective configuration
+Validates the file, and loads the TLS and NATS credentials files it names
+as the agent will. When it is valid, prints the effective configuration
 (defaults filled in, secrets masked) and exits 0. Otherwise prints every
 problem with its file, line and key, and exits 3. With --skip-files the
 named files are not looked for: for checking a fleet config on a laptop.
@@ -441,7 +441,7 @@ func configCheck(_ context.Context, e *env, args []string) int {
 	c := lookup("config check")
 	fs := newFlags(c, e)
 	path := fs.String("c", defaultConfigPath, "config file")
-	skipFiles := fs.Bool("skip-files", false, "do not check that the TLS and credentials files it names exist here (checking a fleet config on another machine)")
+	skipFiles := fs.Bool("skip-files", false, "do not read the TLS and credentials files it names (checking a fleet config on another machine)")
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
