@@ -41,7 +41,8 @@ func parseCondition(s string) (Condition, string) {
 		return Condition{}, "empty condition: " + form
 	}
 	i := 0
-	for i < len(t) && (t[i] >= 'a' && t[i] <= 'z' || t[i] >= 'A' && t[i] <= 'Z' || t[i] == '_') {
+	// Digits too, so "p99 > 80" names p99 as the unknown aggregate.
+	for i < len(t) && (t[i] >= 'a' && t[i] <= 'z' || t[i] >= 'A' && t[i] <= 'Z' || t[i] == '_' || i > 0 && t[i] >= '0' && t[i] <= '9') {
 		i++
 	}
 	agg := t[:i]

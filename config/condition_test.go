@@ -23,6 +23,7 @@ func TestParseCondition(t *testing.T) {
 		{"", Condition{}, "empty condition"},
 		{"> 3", Condition{}, "write <aggregate> <op> <number>"},
 		{"avg > 3", Condition{}, `unknown aggregate "avg"`},
+		{"p99 > 80", Condition{}, `unknown aggregate "p99"`},
 		{"maen > 3", Condition{}, "did you mean mean?"},
 		{"mean 3", Condition{}, "missing comparison operator"},
 		{"mean = 3", Condition{}, "missing comparison operator"},

@@ -428,7 +428,7 @@ func (d *decoder) decode(n ast.Node, v reflect.Value, key string) {
 			if err != nil {
 				why := "must be a whole number"
 				if ne, ok := err.(*strconv.NumError); ok && ne.Err == strconv.ErrRange {
-					why = "is out of range for"
+					why = "is out of range (a whole number from -9223372036854775808 to 9223372036854775807)"
 				}
 				d.fail(p, key, "%s, not %q", why, s)
 				return

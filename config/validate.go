@@ -175,8 +175,15 @@ func (v *validator) mqtt() {
 		v.add("mqtt.password", "needs mqtt.username (MQTT sends a password only with a user name)")
 	}
 	v.tls("mqtt", m.TLS, embedded, scheme)
-	if m.KeepAlive < Duration(time.Second) {
+	// MQTT sends the keep-alive as 16 bits of seconds: paho would cut a
+	// fraction off and wrap a larger value (65536s went out as 0, off).
+	switch {
+	case m.KeepAlive < Duration(time.Second):
 		v.add("mqtt.keep_alive", "must be at least 1s, not %s", m.KeepAlive)
+	case m.KeepAlive > Duration(65535*time.Second):
+		v.add("mqtt.keep_alive", "must be at most 18h12m15s (MQTT sends it as 16 bits of seconds), not %s", m.KeepAlive)
+	case time.Duration(m.KeepAlive)%time.Second != 0:
+		v.add("mqtt.keep_alive", "must be whole seconds (MQTT sends it in seconds), not %s", m.KeepAlive)
 	}
 	v.positive("mqtt.connect_timeout", m.ConnectTimeout)
 	v.positive("mqtt.reconnect_max_interval", m.ReconnectMaxInterval)
@@ -296,8 +303,10 @@ func (v *validator) hostPort(key, s, example string) (string, bool) {
 		v.add(key, "must be host:port, e.g. %s, not %q", example, s)
 		return "", false
 	}
-	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
-		v.add(key, "%q: port must be a number from 0 to 65535", s)
+	// Not 0: a port picked at random could not be found by the devices
+	// or by edgeagent status.
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		v.add(key, "%q: port must be a number from 1 to 65535", s)
 		return "", false
 	}
 	if host != "" && net.ParseIP(host) == nil && !validHostname(host) {
@@ -305,6 +314,18 @@ func (v *validator) hostPort(key, s, example string) (string, bool) {
 		return "", false
 	}
 	return host, true
+}
+
+// sameListener reports whether listening on a and on b would take the
+// same port: the same port on the same host, or on every interface.
+func sameListener(a, b string) bool {
+	ha, pa, errA := net.SplitHostPort(a)
+	hb, pb, errB := net.SplitHostPort(b)
+	if errA != nil || errB != nil || pa != pb {
+		return false
+	}
+	any := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	return ha == hb || any(ha) || any(hb)
 }
 
 func validHostname(h string) bool {
@@ -378,6 +399,9 @@ func (v *validator) status() {
 		return
 	}
 	host, ok := v.hostPort("status.listen", s.Listen, "127.0.0.1:9464")
+	if e := v.c.MQTT.Embedded.Listen; ok && v.c.MQTT.Broker == "embedded" && sameListener(s.Listen, e) {
+		v.add("status.listen", "%q takes the port of mqtt.embedded.listen %q: give each its own", s.Listen, e)
+	}
 	if ok && !isLoopback(host) && s.Token == "" {
 		where := "every interface"
 		if host != "" {
