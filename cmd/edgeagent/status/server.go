@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -376,8 +377,20 @@ func writeJSON(w http.ResponseWriter, v any) {
 	}
 }
 
+// inspectParams are the query parameters /inspect reads: the filters
+// and the token.
+var inspectParams = []string{"device", "from", "to", "reason", "seq", "limit", "token"}
+
 func (s *Server) inspect(w http.ResponseWriter, r *http.Request) {
-	q, err := ParseQuery(r.URL.Query().Get)
+	vals := r.URL.Query()
+	for k := range vals {
+		// A misspelt filter would return every row as if it had matched.
+		if !slices.Contains(inspectParams, k) {
+			http.Error(w, fmt.Sprintf("unknown parameter %q (filters: device, from, to, reason, seq, limit)", k), http.StatusBadRequest)
+			return
+		}
+	}
+	q, err := ParseQuery(vals.Get)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return

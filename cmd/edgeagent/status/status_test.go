@@ -273,6 +273,10 @@ func TestInspectEndpoint(t *testing.T) {
 	if code, body := get(t, "http://"+s.Addr()+"/inspect/late?reason=not_json", ""); code != 400 {
 		t.Errorf("a filter the table does not apply: %d %s, want 400", code, body)
 	}
+	// A misspelt filter is refused, not ignored (which returned every row).
+	if code, body := get(t, "http://"+s.Addr()+"/inspect/bronze?devce=x", ""); code != 400 || !strings.Contains(body, `unknown parameter "devce"`) {
+		t.Errorf("a misspelt filter: %d %s, want 400", code, body)
+	}
 }
 
 // All well: "warnings" is an empty list, not null, for scripts.
