@@ -380,6 +380,14 @@ func TestConfigVariablesFromEnvironmentFile(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); exitCode(err) != exitConfig || !strings.Contains(string(out), "Note: the variables file was skipped (read "+dir) {
 		t.Fatalf("an unreadable variables file must be named in a note: %v\n%s", err, out)
 	}
+	// So is a file EDGEAGENT_ENV_FILE names that does not exist (a typo in
+	// the path); only the default file may be absent unremarked.
+	missing := filepath.Join(dir, "edgeagnt.env")
+	cmd = exec.Command(agentBin, "config", "check", "-c", cfg)
+	cmd.Env = append(os.Environ(), "EDGEAGENT_ENV_FILE="+missing)
+	if out, err := cmd.CombinedOutput(); exitCode(err) != exitConfig || !strings.Contains(string(out), "Note: the variables file was skipped (open "+missing+": no such file or directory)") {
+		t.Fatalf("a missing variables file named by EDGEAGENT_ENV_FILE must be named in a note: %v\n%s", err, out)
+	}
 }
 
 // The same with the devices on the agent's embedded broker, whose QoS1

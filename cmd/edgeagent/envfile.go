@@ -17,9 +17,10 @@ const defaultEnvFile = "/etc/default/edgeagent"
 
 // configEnv looks a variable up in the process environment first, then in
 // the environment file (NAME=value lines, # comments, optional quotes, as
-// systemd reads them). A missing file is no file; one that exists but
-// cannot be read (not root: the package installs it 0600) is skipped, and
-// unreadable says why, for a hint when the config then fails.
+// systemd reads them). A missing default file is no file; a file that
+// EDGEAGENT_ENV_FILE names but that is missing, or one that cannot be read
+// (not root: the package installs it 0600), is skipped, and unreadable
+// says why, for a hint when the config then fails.
 func configEnv() (lookup func(string) (string, bool), unreadable error) {
 	path, set := os.LookupEnv("EDGEAGENT_ENV_FILE")
 	if !set {
@@ -31,7 +32,7 @@ func configEnv() (lookup func(string) (string, bool), unreadable error) {
 		switch {
 		case err == nil:
 			file = parseEnvFile(data)
-		case !errors.Is(err, fs.ErrNotExist):
+		case set || !errors.Is(err, fs.ErrNotExist):
 			unreadable = err
 		}
 	}
