@@ -408,3 +408,18 @@ func TestMetricsHaveHelp(t *testing.T) {
 		t.Errorf("HELP text not in the exposition:\n%.600s", body)
 	}
 }
+
+// The operations guide lists every family /metrics writes (metricHelp
+// holds exactly those: TestMetricsHaveHelp), with its HELP text.
+func TestOperationsGuideListsEveryMetric(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, help := range metricHelp {
+		row := "| `" + name + "` | " + strings.ReplaceAll(help, "|", `\|`) + " |"
+		if !strings.Contains(string(doc), row) {
+			t.Errorf("docs/operations.md, Every metric, lacks the row %s", row)
+		}
+	}
+}
