@@ -831,7 +831,50 @@ func (v *validator) localPublish() {
 	check("local_publish.alerts_topic", lp.AlertsTopic, "gateway_id", "device")
 	check("local_publish.aggregates_topic", lp.AggregatesTopic, "gateway_id", "device", "metric")
 	// The same loop through an MQTT uplink pointed at the device broker.
-	if c.Uplink.MQTT.Broker != "" && c.Uplink.MQTT.Broker == c.MQTT.Broker {
+	if c.Uplink.MQTT.Broker != "" && sameDeviceBroker(c.MQTT, c.Uplink.MQTT.Broker) {
 		check("uplink.mqtt.topic", c.Uplink.MQTT.Topic, "gateway_id")
 	}
+}
+
+// sameDeviceBroker reports whether the broker URL reaches the device
+// broker m: the same URL, or the same port on the same host, counting
+// localhost and 127.0.0.1 as one host, and the built-in broker's
+// every-interface listener as reachable on loopback.
+func sameDeviceBroker(m MQTT, broker string) bool {
+	if broker == m.Broker {
+		return true
+	}
+	host, port, ok := brokerEndpoint(broker)
+	if !ok {
+		return false
+	}
+	if m.Broker == "embedded" {
+		lh, lp, err := net.SplitHostPort(m.Embedded.Listen)
+		if err != nil || lp != port {
+			return false
+		}
+		wildcard := lh == "" || lh == "0.0.0.0" || lh == "::"
+		return wildcard && sameHost("127.0.0.1", host) || sameHost(lh, host)
+	}
+	dh, dp, ok := brokerEndpoint(m.Broker)
+	return ok && dp == port && sameHost(dh, host)
+}
+
+// brokerEndpoint is a broker URL's host and port (validation requires
+// the port).
+func brokerEndpoint(broker string) (host, port string, ok bool) {
+	u, err := url.Parse(broker)
+	if err != nil || u.Port() == "" {
+		return "", "", false
+	}
+	return u.Hostname(), u.Port(), true
+}
+
+// sameHost compares host names, all loopback names being one host.
+func sameHost(a, b string) bool {
+	loopback := func(h string) bool {
+		ip := net.ParseIP(h)
+		return strings.EqualFold(h, "localhost") || ip != nil && ip.IsLoopback()
+	}
+	return strings.EqualFold(a, b) || loopback(a) && loopback(b)
 }
