@@ -1,6 +1,7 @@
 package config
 
 import (
+	"math"
 	"time"
 
 	"github.com/edgeagent/edgeagent/internal/topic"
@@ -378,11 +379,14 @@ func (c *Config) ApplyDerived() {
 		if !c.written("window.slide") {
 			w.Slide = w.Size
 		}
+		// Saturating: a size of centuries must not wrap into a negative
+		// default that then fails a rule the file never wrote.
 		if !c.written("window.idle_timeout") {
-			w.IdleTimeout = max(DefaultIdleTimeout, w.Size+w.WatermarkDelay)
+			w.IdleTimeout = max(DefaultIdleTimeout, satAdd(w.Size, w.WatermarkDelay))
 		}
 		if !c.written("window.device_expiry") {
-			w.DeviceExpiry = max(DefaultDeviceExpiry, 2*(w.IdleTimeout+w.AllowedLateness))
+			d := satAdd(w.IdleTimeout, w.AllowedLateness)
+			w.DeviceExpiry = max(DefaultDeviceExpiry, satAdd(d, d))
 		}
 	}
 	if c.GatewayID != "" {
@@ -402,4 +406,12 @@ func (c *Config) ApplyDerived() {
 			r.ClearWhen = cond.Negate().String()
 		}
 	}
+}
+
+// satAdd adds two non-negative durations, stopping at the largest.
+func satAdd(a, b Duration) Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }

@@ -457,9 +457,17 @@ func (v *validator) readings() {
 	v.positive("readings.max_past_skew", r.MaxPastSkew)
 }
 
+// maxWindowSize is the longest window.size.
+const maxWindowSize = Duration(366 * 24 * time.Hour)
+
 func (v *validator) window() {
 	w := v.c.Window
 	v.positive("window.size", w.Size)
+	if w.Size > maxWindowSize {
+		// Longer windows stay open (and in memory) for more than a year,
+		// and their derived timeouts approach what a duration can hold.
+		v.add("window.size", "must be at most %s (366 days), not %s", maxWindowSize, w.Size)
+	}
 	v.positive("window.slide", w.Slide)
 	// Window bounds travel in Unix milliseconds.
 	wholeMs := true
