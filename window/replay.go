@@ -57,12 +57,17 @@ const replayBatch = 10_000
 //
 // Memory grows with the number of windows in the range.
 //
-// A config whose window identity settings (the fingerprint: gateway,
-// size, slide, event id and time) differ from the saved state's is refused
-// with ErrIncompatibleState, as New refuses it: its windows would carry the
-// identities of other windows and overwrite them at the receiver.
+// How readings are parsed may differ from the saved state's settings (that
+// is what a replay is for); what makes a window's identity may not: a
+// gateway_id, window.size or window.slide other than the saved state's is
+// refused with ErrIncompatibleState, since the windows would carry the
+// identities (gateway, device, metric, start) of other windows and
+// overwrite them at the receiver.
 func Replay(db *bolt.DB, src Source, cfg Config, from, to time.Time) (int, error) {
-	if err := CheckState(db, cfg); err != nil {
+	if err := cfg.Validate(); err != nil {
+		return 0, err
+	}
+	if err := checkIdentity(db, cfg); err != nil {
 		return 0, err
 	}
 	cfg = cfg.withDefaults()

@@ -323,6 +323,17 @@ func TestReplay(t *testing.T) {
 	if len(after) != 1 || after[0].Rev != high+2 {
 		t.Fatalf("live revision after replay: %v", after)
 	}
+	// The time format could change for the replay; the window geometry
+	// cannot: two-minute windows would take the one-minute windows'
+	// identities (start) at the receiver.
+	wider := fixed
+	wider.Size, wider.Slide = 2*time.Minute, 2*time.Minute
+	if _, err := Replay(db, br, wider, t0, t0.Add(4*time.Minute)); !errors.Is(err, ErrIncompatibleState) || !strings.Contains(err.Error(), "window.size changed from 1m0s to 2m0s") {
+		t.Errorf("replay with another window size: %v, want ErrIncompatibleState naming window.size", err)
+	}
+	if n := len(decodeOutbox(t, db)); n != before+3 {
+		t.Errorf("the refused replay wrote %d outbox rows", n-before-3)
+	}
 }
 
 type captureLog struct{ bytes.Buffer }

@@ -252,6 +252,33 @@ func CheckState(db *bolt.DB, cfg Config) error {
 	})
 }
 
+// identityKeys are the fingerprint's settings that make a window's
+// identity at the receiver (gateway, device, metric, start).
+var identityKeys = []string{"gateway_id", "window.size", "window.slide"}
+
+// checkIdentity compares cfg's identity settings with the saved state's,
+// if it has a fingerprint.
+func checkIdentity(db *bolt.DB, cfg Config) error {
+	identity := func(items []fingerprintItem) []fingerprintItem {
+		return slices.DeleteFunc(items, func(it fingerprintItem) bool { return !slices.Contains(identityKeys, it.Key) })
+	}
+	return db.View(func(tx *bolt.Tx) error {
+		m := tx.Bucket(bucketMeta)
+		if m == nil {
+			return nil
+		}
+		raw := m.Get(keyFingerprint)
+		if raw == nil {
+			return nil
+		}
+		old, err := decodeFingerprint(raw)
+		if err != nil {
+			return err
+		}
+		return compareFingerprint(identity(old), identity(cfg.fingerprint()), cfg.ConfigPath)
+	})
+}
+
 // compareStored compares cfg with the fingerprint stored in m, if one is
 // (stored says so).
 func compareStored(m *bolt.Bucket, cfg *Config) (stored bool, err error) {
