@@ -190,7 +190,7 @@ loop:
 	}
 
 	exp := truth.Compute(plan, pub.Sent(), pub.SentAt(), truthSettings(sc.Agent))
-	opts := verify.CompareOptions{Gateway: Gateway, Aggregates: sc.Agent.Window.Aggregates, AtLeastOnce: pp.Republished > 0}
+	opts := verify.CompareOptions{Gateway: Gateway, Aggregates: sc.Agent.Window.Aggregates, Size: sc.Agent.Window.Size, Slide: sc.Agent.Window.Slide, AtLeastOnce: pp.Republished > 0}
 	const settleTimeout = 45 * time.Second
 	// The settle ends early only when ctx does (a second Ctrl-C).
 	settleCtx, cancel := context.WithTimeout(ctx, settleTimeout)
@@ -217,7 +217,7 @@ loop:
 	// The final reads get their own time: settleCtx may have expired.
 	finalCtx, cancelFinal := context.WithTimeout(ctx, 10*time.Second)
 	defer cancelFinal()
-	st := e.status(finalCtx)
+	st := e.finalStatus(finalCtx)
 	code, err := e.agent.Terminate(30 * time.Second)
 	rep.Agent.FinalExitCode = code
 	if err != nil {

@@ -256,6 +256,19 @@ func (e *env) status(ctx context.Context) *agentproc.Status {
 	return st
 }
 
+// finalStatus reads /status.json for the verdict's counters, retrying for
+// up to 10 s: one slow answer on a busy machine must not leave them
+// unchecked. Nil when the agent never answered.
+func (e *env) finalStatus(ctx context.Context) *agentproc.Status {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if st := e.status(ctx); st != nil || time.Now().After(deadline) || ctx.Err() != nil || !e.agent.Running() {
+			return st
+		}
+		sleepCtx(ctx, 250*time.Millisecond)
+	}
+}
+
 // close stops everything and unmounts the tmpfs. Safe to call twice.
 func (e *env) close() {
 	e.closeOnce.Do(func() {

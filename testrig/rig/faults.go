@@ -192,6 +192,18 @@ func (f *faults) inject(ctx context.Context, ft scenario.Fault, ev *FaultEvent) 
 			ev.Error = joinErr(ev.Error, err.Error())
 		}
 	case scenario.FaultUplinkCut, scenario.FaultUplinkBlackhole, scenario.FaultUplinkDropAcks:
+		// A fault on a proxy the agent's uplink does not use proves
+		// nothing: the run must not pass as if it had held.
+		// An agent that is still connecting gets a few seconds.
+		through := func() bool { toServer, _ := e.proxy.Forwarded(); return e.proxy.Accepted() > 0 && toServer > 0 }
+		for deadline := time.Now().Add(10 * time.Second); !through() && time.Now().Before(deadline) && ctx.Err() == nil; {
+			sleepCtx(ctx, 100*time.Millisecond)
+		}
+		if !through() {
+			toServer, _ := e.proxy.Forwarded()
+			ev.Error = fmt.Sprintf("the agent's uplink has not gone through the fault proxy (%d connections, %d bytes to the server): the fault cannot reach it", e.proxy.Accepted(), toServer)
+			return
+		}
 		e.logf("fault: %s for %v", ft.Kind, ft.For)
 		switch ft.Kind {
 		case scenario.FaultUplinkCut:

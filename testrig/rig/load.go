@@ -371,7 +371,7 @@ func Load(ctx context.Context, o LoadOptions) (*LoadReport, error) {
 
 	// 3. Settle, stop, verify.
 	exp := truth.Compute(plan, pub.Sent(), pub.SentAt(), truthSettings(sc.Agent))
-	opts := verify.CompareOptions{Gateway: Gateway, Aggregates: sc.Agent.Window.Aggregates, AtLeastOnce: pp.Republished > 0}
+	opts := verify.CompareOptions{Gateway: Gateway, Aggregates: sc.Agent.Window.Aggregates, Size: sc.Agent.Window.Size, Slide: sc.Agent.Window.Slide, AtLeastOnce: pp.Republished > 0}
 	res := waitComplete(ctx, e, exp, opts, sc.SettleTimeout)
 	if !res.Complete() {
 		lr.Failures = append(lr.Failures, fmt.Sprintf("not every window arrived within %v of the end of the load", sc.SettleTimeout))

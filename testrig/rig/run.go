@@ -225,7 +225,7 @@ func run(ctx context.Context, e *env, sc *scenario.Scenario, o Options) (*Report
 
 	exp := truth.Compute(plan, pub.Sent(), pub.SentAt(), truthSettings(sc.Agent))
 	atLeastOnce := sc.AtLeastOnce() || pp.Republished > 0
-	opts := verify.CompareOptions{Gateway: Gateway, Aggregates: sc.Agent.Window.Aggregates, AtLeastOnce: atLeastOnce}
+	opts := verify.CompareOptions{Gateway: Gateway, Aggregates: sc.Agent.Window.Aggregates, Size: sc.Agent.Window.Size, Slide: sc.Agent.Window.Slide, AtLeastOnce: atLeastOnce}
 	if !rep.Interrupted {
 		settleStart := time.Now()
 		res := waitComplete(ctx, e, exp, opts, sc.SettleTimeout)
@@ -242,7 +242,7 @@ func run(ctx context.Context, e *env, sc *scenario.Scenario, o Options) (*Report
 	}
 	stopSuper()
 	wg.Wait()
-	st := e.status(ctx)
+	st := e.finalStatus(ctx)
 	rep.Agent.Usage = e.agent.Usage()
 	if e.agent.Running() {
 		code, err := e.agent.Terminate(30 * time.Second)
@@ -307,7 +307,9 @@ func finish(rep *Report, e *env, exp *truth.Expected, st *agentproc.Status, atLe
 		rep.Counters.Duplicates.Observed = ptr(st.Window.DuplicatesTotal)
 		rep.Counters.DeadLetters.Observed = ptr(st.Window.DeadLettersTotal)
 	} else {
-		rep.Notes = append(rep.Notes, "the agent's /status.json was unavailable: late, duplicate and dead-letter counts not compared")
+		// The rig configured the endpoint: an agent that does not serve
+		// it cannot be judged on what it counted.
+		rep.Failures = append(rep.Failures, "the agent's /status.json did not answer: its late, duplicate and dead-letter counts could not be compared with the truth")
 	}
 	for name, c := range map[string]Counter{"late": rep.Counters.Late, "duplicates": rep.Counters.Duplicates, "dead letters": rep.Counters.DeadLetters} {
 		if !c.ok(atLeastOnce) {

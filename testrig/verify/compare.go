@@ -1,6 +1,7 @@
 package verify
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -28,6 +29,32 @@ type CompareOptions struct {
 	Tolerance   float64
 	// MaxExamples bounds the problems listed (default 10).
 	MaxExamples int
+	// Size and Slide are the scenario's window geometry: every window must
+	// end Size after its start, on a multiple of Slide, and a
+	// processing-time series holds each reading Size/Slide times (zero:
+	// not checked, one window a reading).
+	Size, Slide time.Duration
+}
+
+// geometry describes how a window's bounds differ from the scenario's,
+// "" when they match or o sets none.
+func (o CompareOptions) geometry(start, end int64) string {
+	size, slide := o.Size.Milliseconds(), o.Slide.Milliseconds()
+	switch {
+	case size > 0 && end-start != size:
+		return fmt.Sprintf("end %s is %v after the start, want %v", fmtStart(end), time.Duration(end-start)*time.Millisecond, o.Size)
+	case slide > 0 && start%slide != 0:
+		return fmt.Sprintf("start not on a multiple of the slide %v", o.Slide)
+	}
+	return ""
+}
+
+// perReading is how many windows hold each reading.
+func (o CompareOptions) perReading() uint64 {
+	if o.Size <= 0 || o.Slide <= 0 {
+		return 1
+	}
+	return uint64(o.Size / o.Slide)
 }
 
 // Result is the comparison of what arrived with the truth.
@@ -140,7 +167,11 @@ func (v *Verifier) Compare(exp *truth.Expected, o CompareOptions) *Result {
 			note(&missing, "missing %s/%s@%s: want %s", k.Device, k.Metric, fmtStart(k.Start), fmtWant(want))
 			continue
 		}
-		if diff := diffWindow(&got.best, want, o); diff != "" {
+		diff := o.geometry(k.Start, got.best.End)
+		if diff == "" {
+			diff = diffWindow(&got.best, want, o)
+		}
+		if diff != "" {
 			res.Windows.Wrong++
 			note(&wrong, "wrong %s/%s@%s rev %d: %s", k.Device, k.Metric, fmtStart(k.Start), got.best.Rev, diff)
 			continue
@@ -159,8 +190,10 @@ func (v *Verifier) Compare(exp *truth.Expected, o CompareOptions) *Result {
 		count         uint64
 		sum, min, max float64
 		ptimeFlag     bool
+		geometry      string // a window's bounds that differ from the scenario's
 	}
 	got := map[truth.SeriesKey]*series{}
+	var extraIDs []WindowID
 	for id, r := range v.windows {
 		if r.best.Rev > 1 {
 			res.Windows.Revised++
@@ -182,16 +215,25 @@ func (v *Verifier) Compare(exp *truth.Expected, o CompareOptions) *Result {
 				s.max = math.Max(s.max, *a.Max)
 			}
 			s.ptimeFlag = s.ptimeFlag && a.ProcTime
+			if g := o.geometry(id.Start, a.End); g != "" && s.geometry == "" {
+				s.geometry = fmt.Sprintf("window @%s: %s", fmtStart(id.Start), g)
+			}
 			continue
 		}
 		res.Windows.Received++
-		if id.Gateway != o.Gateway {
+		if _, ok := exp.Windows[truth.Key{Device: id.Device, Metric: id.Metric, Start: id.Start}]; !ok || id.Gateway != o.Gateway {
 			res.Windows.Extra++
-			note(&extra, "extra window from gateway %q: %s/%s@%s", id.Gateway, id.Device, id.Metric, fmtStart(id.Start))
-			continue
+			extraIDs = append(extraIDs, id)
 		}
-		if _, ok := exp.Windows[truth.Key{Device: id.Device, Metric: id.Metric, Start: id.Start}]; !ok {
-			res.Windows.Extra++
+	}
+	// The examples in a stable order, not the map's.
+	slices.SortFunc(extraIDs, func(a, b WindowID) int {
+		return cmp.Or(cmp.Compare(a.Gateway, b.Gateway), cmp.Compare(a.Device, b.Device), cmp.Compare(a.Metric, b.Metric), cmp.Compare(a.Start, b.Start))
+	})
+	for _, id := range extraIDs {
+		if r := v.windows[id]; id.Gateway != o.Gateway {
+			note(&extra, "extra window from gateway %q: %s/%s@%s", id.Gateway, id.Device, id.Metric, fmtStart(id.Start))
+		} else {
 			note(&extra, "extra %s/%s@%s rev %d count %d", id.Device, id.Metric, fmtStart(id.Start), r.best.Rev, r.best.Count)
 		}
 	}
@@ -216,13 +258,19 @@ func (v *Verifier) Compare(exp *truth.Expected, o CompareOptions) *Result {
 			continue
 		}
 		var diff string
+		// Summed over the series' windows, each reading counts once a
+		// window that holds it.
+		n := o.perReading()
+		wantCount, wantSum := want.Count*n, want.Sum*float64(n)
 		switch {
 		case !g.ptimeFlag:
 			diff = "a window without the ptime flag"
-		case o.AtLeastOnce && g.count < want.Count, !o.AtLeastOnce && g.count != want.Count:
-			diff = fmt.Sprintf("count %d, want %d", g.count, want.Count)
-		case !o.AtLeastOnce && has(o.Aggregates, "sum") && !closeTo(g.sum, want.Sum, o.Tolerance):
-			diff = fmt.Sprintf("sum %v, want %v", g.sum, want.Sum)
+		case g.geometry != "":
+			diff = g.geometry
+		case o.AtLeastOnce && g.count < wantCount, !o.AtLeastOnce && g.count != wantCount:
+			diff = fmt.Sprintf("count %d, want %d", g.count, wantCount)
+		case !o.AtLeastOnce && has(o.Aggregates, "sum") && !closeTo(g.sum, wantSum, o.Tolerance):
+			diff = fmt.Sprintf("sum %v, want %v", g.sum, wantSum)
 		case has(o.Aggregates, "min") && g.min != want.Min:
 			diff = fmt.Sprintf("min %v, want %v", g.min, want.Min)
 		case has(o.Aggregates, "max") && g.max != want.Max:
@@ -235,11 +283,18 @@ func (v *Verifier) Compare(exp *truth.Expected, o CompareOptions) *Result {
 		}
 		res.PTime.Correct++
 	}
+	var extraSeries []truth.SeriesKey
 	for k := range got {
 		if exp.PTime[k] == nil {
 			res.PTime.Extra++
-			note(&extra, "extra series %s/%s", k.Device, k.Metric)
+			extraSeries = append(extraSeries, k)
 		}
+	}
+	slices.SortFunc(extraSeries, func(a, b truth.SeriesKey) int {
+		return cmp.Or(cmp.Compare(a.Device, b.Device), cmp.Compare(a.Metric, b.Metric))
+	})
+	for _, k := range extraSeries {
+		note(&extra, "extra series %s/%s", k.Device, k.Metric)
 	}
 	res.Problems = append(res.Problems, wrong...)
 	res.Problems = append(res.Problems, missing...)

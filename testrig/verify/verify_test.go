@@ -244,3 +244,41 @@ func TestVerifierSurvivesServerRestart(t *testing.T) {
 		t.Fatalf("progress %+v, want 2 messages and no duplicate", p)
 	}
 }
+
+// TestCompareGeometry: every window must span the scenario's size on a
+// multiple of its slide, and a processing-time series of sliding windows
+// holds each reading size/slide times.
+func TestCompareGeometry(t *testing.T) {
+	n := startNATS(t)
+	v := startVerifier(t, n.URL())
+	// Sliding 1m/20s processing-time windows: readings 5 and 6, each in
+	// three windows.
+	var ptime []wire.Aggregate
+	for i, vals := range [][]float64{{5}, {5, 6}, {5, 6}, {6}} {
+		a := agg("n1", "level", int64(i)*20_000-40_000, 1, vals...)
+		a.ProcTime = true
+		ptime = append(ptime, a)
+	}
+	long := agg("e2", "t", 0, 1, 2)
+	long.End = 600_000 // a ten-minute window where the scenario has one minute
+	publish(t, n.URL(), "g", append(ptime, agg("e1", "t", 0, 1, 1), long)...)
+	waitAggregates(t, v, 6)
+	exp := &truth.Expected{Windows: map[truth.Key]*truth.Window{
+		{Device: "e1", Metric: "t", Start: 0}: window(1),
+		{Device: "e2", Metric: "t", Start: 0}: window(2),
+	}, PTime: map[truth.SeriesKey]*truth.Series{{Device: "n1", Metric: "level"}: {Count: 2, Sum: 11, Min: 5, Max: 6}}}
+	o := CompareOptions{Gateway: gw, Aggregates: []string{"count", "sum", "min", "max"}, Size: time.Minute, Slide: 20 * time.Second}
+	r := v.Compare(exp, o)
+	if r.Windows.Correct != 1 || r.Windows.Wrong != 1 || r.PTime.Correct != 1 {
+		t.Fatalf("windows %+v, ptime %+v: want the ten-minute window wrong, the rest correct\n%s", r.Windows, r.PTime, strings.Join(r.Problems, "\n"))
+	}
+	if text := strings.Join(r.Problems, "\n"); !strings.Contains(text, "wrong e2/t") || !strings.Contains(text, "is 10m0s after the start, want 1m0s") {
+		t.Fatalf("problems do not name the window's size:\n%s", text)
+	}
+	// As tumbling 20 s windows the same series holds each reading once
+	// too often, and its windows are too long.
+	o.Size = 20 * time.Second
+	if r := v.Compare(exp, o); r.PTime.Wrong != 1 {
+		t.Fatalf("tumbling: ptime %+v, want the series wrong", r.PTime)
+	}
+}
