@@ -191,3 +191,24 @@ func TestDemoAbortedWhileSettling(t *testing.T) {
 		t.Fatalf("the abort took %v", d)
 	}
 }
+
+// A demo run with --duration still stops on the first Ctrl-C: publishing
+// ends there and the catch-up and summary follow (the duration's timer
+// had replaced the stop).
+func TestDemoStoppedBeforeItsDuration(t *testing.T) {
+	bin := agent(t)
+	stop := make(chan struct{})
+	out := &trigger{when: map[string]func(){"] sent": func() { close(stop) }}}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := rig.Demo(ctx, rig.DemoOptions{Agent: bin, Duration: 10 * time.Minute, Devices: 6, Out: out, Stop: stop, Dir: t.TempDir()})
+	if err != nil {
+		t.Fatalf("demo: %v\n%s", err, out)
+	}
+	if rep.PublishSeconds > 60 {
+		t.Fatalf("publishing went on for %.0f s after the stop", rep.PublishSeconds)
+	}
+	if !rep.OK() {
+		t.Fatalf("demo stopped early: %s %v\n%s", rep.Verdict, rep.Failures, out)
+	}
+}

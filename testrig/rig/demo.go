@@ -141,8 +141,9 @@ func Demo(ctx context.Context, o DemoOptions) (*Report, error) {
 	runCtx, stopRun := WithStop(ctx, o.Stop)
 	defer stopRun()
 	if o.Duration > 0 {
+		// From runCtx, so that Ctrl-C still stops the run early.
 		var cancel context.CancelFunc
-		runCtx, cancel = context.WithTimeout(ctx, o.Duration+2*time.Second)
+		runCtx, cancel = context.WithTimeout(runCtx, o.Duration+2*time.Second)
 		defer cancel()
 	}
 	started := make(chan time.Time, 1)
