@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -210,5 +211,30 @@ func TestDemoStoppedBeforeItsDuration(t *testing.T) {
 	}
 	if !rep.OK() {
 		t.Fatalf("demo stopped early: %s %v\n%s", rep.Verdict, rep.Failures, out)
+	}
+}
+
+// A device broker that goes away for good fails the run once publishing
+// passes its bound, instead of holding it forever.
+func TestRunBoundsPublishing(t *testing.T) {
+	bin := agent(t)
+	sc, err := scenario.Parse("reuse", []byte(reuse))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := servers.StartMochi("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	progress := &trigger{when: map[string]func(){"agent up; publishing": func() { m.Close() }}}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := rig.Run(ctx, rig.Options{Agent: bin, Scenario: sc, Dir: t.TempDir(), MQTT: m.URL(), Progress: progress, PublishLimit: 4 * time.Second})
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, progress)
+	}
+	if rep.OK() || !slices.ContainsFunc(rep.Failures, func(f string) bool { return strings.Contains(f, "publishing did not finish within 4s") }) {
+		t.Fatalf("run with the broker gone: %s %v\n%s", rep.Verdict, rep.Failures, progress)
 	}
 }

@@ -46,6 +46,10 @@ type Options struct {
 	// deliver the rest, and the report covers what had arrived, marked
 	// Interrupted. ctx ending instead aborts at once, without a report.
 	Stop <-chan struct{}
+	// PublishLimit bounds publishing (0: three times the scenario's
+	// duration plus two minutes): a broker that stops acknowledging for
+	// good fails the run there instead of holding it forever.
+	PublishLimit time.Duration
 }
 
 // WithStop returns a context that ends with ctx or when stop is closed
@@ -185,8 +189,16 @@ func run(ctx context.Context, e *env, sc *scenario.Scenario, o Options) (*Report
 		stopSuper()
 		wg.Wait()
 	}()
+	// The publisher waits for every acknowledgement, so a broker that goes
+	// away for good would hold the run forever: publishing gets a bound.
+	limit := o.PublishLimit
+	if limit <= 0 {
+		limit = 3*sc.Duration + 2*time.Minute
+	}
+	pubCtx, cancelPub := context.WithTimeout(runCtx, limit)
+	defer cancelPub()
 	pubErr := make(chan error, 1)
-	go func() { pubErr <- pub.Run(runCtx) }()
+	go func() { pubErr <- pub.Run(pubCtx) }()
 	var start time.Time
 	select {
 	case start = <-started:
@@ -216,6 +228,8 @@ func run(ctx context.Context, e *env, sc *scenario.Scenario, o Options) (*Report
 		e.proxy.Restore() // an outage cut short ends here
 		rep.Failures = append(rep.Failures, fmt.Sprintf("interrupted %.1fs into publishing: this report covers what had arrived; the agent was stopped without time to deliver the rest, which counts as missing", rep.PublishSeconds))
 		e.logf("interrupted after %d messages: stopping the agent and reporting what has arrived (Ctrl-C again aborts)", pp.Acked)
+	case pubCtx.Err() != nil:
+		rep.Failures = append(rep.Failures, fmt.Sprintf("publishing did not finish within %v (the scenario publishes for %v): the broker stopped taking or acknowledging messages", limit, sc.Duration))
 	case perr != nil:
 		rep.Failures = append(rep.Failures, fmt.Sprintf("publisher: %v", perr))
 	}
@@ -226,7 +240,8 @@ func run(ctx context.Context, e *env, sc *scenario.Scenario, o Options) (*Report
 	exp := truth.Compute(plan, pub.Sent(), pub.SentAt(), truthSettings(sc.Agent))
 	atLeastOnce := sc.AtLeastOnce() || pp.Republished > 0
 	opts := verify.CompareOptions{Gateway: Gateway, Aggregates: sc.Agent.Window.Aggregates, Size: sc.Agent.Window.Size, Slide: sc.Agent.Window.Slide, AtLeastOnce: atLeastOnce}
-	if !rep.Interrupted {
+	// After a publishing timeout nothing more is coming: no settle.
+	if !rep.Interrupted && pubCtx.Err() == nil {
 		settleStart := time.Now()
 		res := waitComplete(ctx, e, exp, opts, sc.SettleTimeout)
 		rep.SettleSeconds = time.Since(settleStart).Seconds()
