@@ -565,6 +565,40 @@ func (sc *Scenario) AtLeastOnce() bool {
 
 // Validate checks the scenario; every problem is reported at once, as
 // *Errors naming each key.
+// minPayloadBytes is the smallest agent.max_payload_bytes a scenario may
+// set: its readings stay well under it.
+const minPayloadBytes = 1024
+
+// LeadMargin keeps every planned event time this far before the start of
+// publishing, so clock offsets, bursts and the agent's future-skew check
+// never meet.
+const LeadMargin = 3 * time.Minute
+
+// Lead is how far before the start of publishing the plan's event time
+// begins: the span of event time stretched by the clock drift, the ahead
+// offset, one reading interval and LeadMargin.
+func (sc *Scenario) Lead() time.Duration {
+	span, drift, ahead := sc.span(), 0.0, time.Duration(0)
+	if cs := sc.Misbehaviour.ClockSkew; cs != nil {
+		drift, ahead = cs.Drift, cs.Offset
+	}
+	var maxInterval time.Duration
+	for _, g := range sc.Devices {
+		maxInterval = max(maxInterval, g.Interval)
+	}
+	return time.Duration(float64(span)*(1+drift)) + ahead + maxInterval + LeadMargin
+}
+
+// span is the event time the scenario covers: duration × speed.
+func (sc *Scenario) span() time.Duration { return time.Duration(float64(sc.Duration) * sc.Speed) }
+
+// eventSpan is the event time the scenario covers, and how old its oldest
+// reading can be when it arrives: the lead, plus the publishing time for a
+// backlog flushed at the end.
+func (sc *Scenario) eventSpan() (span, oldest time.Duration) {
+	return sc.span(), sc.Lead() + sc.Duration
+}
+
 func (sc *Scenario) Validate() error {
 	p := &problems{}
 	sc.validate(p)
@@ -582,8 +616,16 @@ func (sc *Scenario) validate(p *problems) {
 	if sc.Speed <= 0 {
 		bad("speed", "must be positive")
 	}
-	if span := time.Duration(float64(sc.Duration) * sc.Speed); span > 600*time.Hour {
-		bad("duration", "× speed is %v of event time, more than the 600h the rig keeps inside max_past_skew", span)
+	// The oldest readings arrive as old as the plan's lead before the
+	// start (sim.NewPlan) plus a flush at the end of publishing; with an
+	// hour to spare they must stay inside max_past_skew, or the agent
+	// dead-letters what the truth counts.
+	if span, oldest := sc.eventSpan(); oldest+time.Hour > sc.Agent.MaxPastSkew {
+		bad("agent.max_past_skew", "%v, but the oldest readings arrive up to %v old (duration × speed is %v of event time): the agent would dead-letter them; raise it to at least %v, or shorten duration or speed",
+			sc.Agent.MaxPastSkew, oldest.Round(time.Minute), span, (oldest + time.Hour + time.Minute - 1).Truncate(time.Minute))
+	}
+	if sc.Agent.MaxPayloadBytes < minPayloadBytes {
+		bad("agent.max_payload_bytes", "%d, at least %d: smaller, the agent would refuse the rig's ordinary readings", int64(sc.Agent.MaxPayloadBytes), minPayloadBytes)
 	}
 	if sc.Connections < 1 {
 		bad("connections", "at least 1")

@@ -137,25 +137,12 @@ func (p *Plan) Counts() Counts {
 	return c
 }
 
-// margin keeps every planned event time this far before Start, so clock
-// offsets, bursts and the agent's future-skew check never meet.
-const margin = 3 * time.Minute
-
 // NewPlan plans a run of sc that starts publishing at start.
 func NewPlan(sc *scenario.Scenario, start time.Time) (*Plan, error) {
 	if err := sc.Validate(); err != nil {
 		return nil, err
 	}
-	spanMs := int64(float64(sc.Duration.Milliseconds()) * sc.Speed)
-	drift, ahead := 0.0, time.Duration(0)
-	if cs := sc.Misbehaviour.ClockSkew; cs != nil {
-		drift, ahead = cs.Drift, cs.Offset
-	}
-	var maxInterval time.Duration
-	for _, g := range sc.Devices {
-		maxInterval = max(maxInterval, g.Interval)
-	}
-	lead := time.Duration(float64(spanMs)*(1+drift))*time.Millisecond + ahead + maxInterval + margin
+	lead := sc.Lead()
 	p := &Plan{
 		Scenario:    sc.Name,
 		Start:       start,
