@@ -170,17 +170,31 @@ func (p *Process) stop(sig syscall.Signal, timeout time.Duration) error {
 	}
 	cmd, done := p.cmd, p.done
 	p.mu.Unlock()
-	if err := cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+	if err := signalGroup(cmd, sig); err != nil {
 		return fmt.Errorf("agentproc: signal %v: %w", sig, err)
 	}
 	select {
 	case <-done:
+		// A wrapper script that ran the agent without exec may have left
+		// it behind in the group.
+		_ = signalGroup(cmd, syscall.SIGKILL)
 		return nil
 	case <-time.After(timeout):
 	}
-	_ = cmd.Process.Kill()
+	_ = signalGroup(cmd, syscall.SIGKILL)
 	<-done
 	return fmt.Errorf("agentproc: agent did not exit within %v of %v; killed", timeout, sig)
+}
+
+// signalGroup signals the child's process group (procattr.Child gives it
+// one of its own), so that an agent started by a wrapper script that did
+// not exec it is signalled too. A group already gone is no error.
+func signalGroup(cmd *exec.Cmd, sig syscall.Signal) error {
+	err := syscall.Kill(-cmd.Process.Pid, sig)
+	if errors.Is(err, syscall.ESRCH) {
+		return nil
+	}
+	return err
 }
 
 // Exits lists every exit so far.

@@ -31,6 +31,12 @@ func TestMain(m *testing.M) {
 	case "rig":
 		fakeRig()
 	}
+	if f := os.Getenv(fakeEnv + "_PIDFILE"); f != "" {
+		if err := os.WriteFile(f, []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+			fmt.Println("fake agent:", err)
+			os.Exit(1)
+		}
+	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM)
 	fmt.Println(`level=INFO msg="connected to broker"`)
@@ -213,4 +219,32 @@ func alive(pid int) bool {
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+// An agent behind a wrapper script that does not exec it is stopped with
+// the script: the rig signals the process group, not only its child.
+func TestWrapperWithoutExecLeavesNoAgent(t *testing.T) {
+	dir := t.TempDir()
+	script, pidFile := filepath.Join(dir, "wrap.sh"), filepath.Join(dir, "agent.pid")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\n\""+os.Args[0]+"\" \"$@\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(fakeEnv, "agent")
+	t.Setenv(fakeEnv+"_PIDFILE", pidFile)
+	p := New(script, "unused.yaml", filepath.Join(dir, "agent.log"))
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	waitFor(t, 10*time.Second, "the fake agent's pid", func() bool {
+		b, err := os.ReadFile(pidFile)
+		pid, _ = strconv.Atoi(string(b))
+		return err == nil && pid > 0
+	})
+	if _, err := p.Terminate(10 * time.Second); err != nil {
+		t.Logf("terminate: %v", err)
+	}
+	waitFor(t, 10*time.Second, "the agent behind the script to be gone", func() bool {
+		return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+	})
 }
