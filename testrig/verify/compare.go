@@ -324,6 +324,9 @@ func diffWindow(got *wire.Aggregate, want *truth.Window, o CompareOptions) strin
 	}
 	for _, c := range checks {
 		if !has(o.Aggregates, c.name) {
+			if c.got != nil && len(o.Aggregates) > 0 {
+				return c.name + " present, but not in window.aggregates"
+			}
 			continue
 		}
 		if c.got == nil {

@@ -197,6 +197,9 @@ func TestCompareTolerance(t *testing.T) {
 	if d := diffWindow(&b, window(1), CompareOptions{Aggregates: all, Tolerance: DefaultTolerance}); d != "last absent" {
 		t.Fatalf("a configured aggregate missing from the wire: %q", d)
 	}
+	if d := diffWindow(&b, window(1), CompareOptions{Aggregates: []string{"count", "sum"}, Tolerance: DefaultTolerance}); d != "min present, but not in window.aggregates" {
+		t.Fatalf("an aggregate on the wire that is not configured: %q", d)
+	}
 }
 
 // TestPTimeSeries compares processing-time windows as totals, exactly or
@@ -267,7 +270,7 @@ func TestCompareGeometry(t *testing.T) {
 		{Device: "e1", Metric: "t", Start: 0}: window(1),
 		{Device: "e2", Metric: "t", Start: 0}: window(2),
 	}, PTime: map[truth.SeriesKey]*truth.Series{{Device: "n1", Metric: "level"}: {Count: 2, Sum: 11, Min: 5, Max: 6}}}
-	o := CompareOptions{Gateway: gw, Aggregates: []string{"count", "sum", "min", "max"}, Size: time.Minute, Slide: 20 * time.Second}
+	o := CompareOptions{Gateway: gw, Aggregates: all, Size: time.Minute, Slide: 20 * time.Second}
 	r := v.Compare(exp, o)
 	if r.Windows.Correct != 1 || r.Windows.Wrong != 1 || r.PTime.Correct != 1 {
 		t.Fatalf("windows %+v, ptime %+v: want the ten-minute window wrong, the rest correct\n%s", r.Windows, r.PTime, strings.Join(r.Problems, "\n"))

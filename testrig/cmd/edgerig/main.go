@@ -196,6 +196,10 @@ func cmdRun(ctx context.Context, stop <-chan struct{}, args []string, stdout, st
 	if err != nil {
 		return parseFailed(fs, err, stdout, stderr)
 	}
+	if err := checkJSONPath(*jsonPath); err != nil {
+		fmt.Fprintf(stderr, "edgerig: %v\n", err)
+		return exitUsage
+	}
 	if len(pos) != 1 {
 		fmt.Fprintf(stderr, "edgerig run: want one SCENARIO, got %d\n\n%s", len(pos), usage)
 		return exitUsage
@@ -267,6 +271,20 @@ func failed(ctx context.Context, err error) string {
 	return err.Error()
 }
 
+// checkJSONPath opens a --json FILE for writing before the run, so that a
+// path that cannot be written is said at once and not after minutes of
+// running.
+func checkJSONPath(path string) error {
+	if path == "" || path == "-" {
+		return nil
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		return fmt.Errorf("--json: %w", err)
+	}
+	return f.Close()
+}
+
 func writeJSONFile(path string, write func(io.Writer) error, stderr io.Writer) int {
 	f, err := os.Create(path)
 	if err != nil {
@@ -294,6 +312,10 @@ func cmdDemo(ctx context.Context, stop <-chan struct{}, args []string, stdout, s
 	pos, err := parse(fs, args)
 	if err != nil {
 		return parseFailed(fs, err, stdout, stderr)
+	}
+	if err := checkJSONPath(*jsonPath); err != nil {
+		fmt.Fprintf(stderr, "edgerig: %v\n", err)
+		return exitUsage
 	}
 	if len(pos) != 0 {
 		fmt.Fprintf(stderr, "edgerig demo: unexpected argument %q\n", pos[0])
@@ -328,6 +350,10 @@ func cmdLoad(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	pos, err := parse(fs, args)
 	if err != nil {
 		return parseFailed(fs, err, stdout, stderr)
+	}
+	if err := checkJSONPath(*jsonPath); err != nil {
+		fmt.Fprintf(stderr, "edgerig: %v\n", err)
+		return exitUsage
 	}
 	if len(pos) != 0 {
 		fmt.Fprintf(stderr, "edgerig load: unexpected argument %q\n", pos[0])
