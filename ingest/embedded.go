@@ -322,7 +322,7 @@ func (h *ingestHook) OnPublishDropped(cl *mochi.Client, pk packets.Packet) {
 }
 
 func (h *ingestHook) OnPublish(cl *mochi.Client, pk packets.Packet) (packets.Packet, error) {
-	if cl.Net.Inline || !h.in.matches(pk.TopicName) {
+	if cl.Net.Inline || !h.in.subscribed(pk.TopicName) {
 		// Our own local publishes and other traffic on the gateway's bus
 		// are not device data.
 		return pk, nil

@@ -472,3 +472,37 @@ func TestEmbeddedBoundsPacketSize(t *testing.T) {
 		t.Fatalf("bronze holds %v, want the later device's message", got)
 	}
 }
+
+// A device publish on a subscription's filter that names no device (an
+// empty {device} level) is kept in Bronze as rejected, with its reason,
+// as through an external broker: it was acknowledged and must not vanish.
+func TestEmbeddedEmptyDeviceLevelIsRejectedNotDropped(t *testing.T) {
+	b := openBronze(t, buffer.Options{})
+	cfg := embeddedConfig(t, "edgeagent-emptylevel", nil)
+	in := startIngester(t, b, cfg)
+	pub := mqtttest.NewPublisher(t, "tcp://"+cfg.Embedded, "device-empty")
+	pub.Publish(t, "sensors//telemetry", 1, []byte(`{"id":"e1"}`))
+	pub.Publish(t, "other/d1/telemetry", 1, []byte(`{"id":"bus"}`)) // not on the filter: the gateway's own bus
+	pub.Publish(t, "sensors/d1/telemetry", 1, []byte(`{"id":"after"}`))
+	var recs []buffer.Record
+	mqtttest.WaitFor(t, 10*time.Second, "the message after", func() bool {
+		recs = recs[:0]
+		if err := b.Scan(1, func(r buffer.Record) bool {
+			if r.Kind != buffer.KindTick {
+				r.Payload = bytes.Clone(r.Payload)
+				recs = append(recs, r)
+			}
+			return true
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return len(recs) > 0 && string(recs[len(recs)-1].Payload) == `{"id":"after"}`
+	})
+	if len(recs) != 2 || recs[0].Kind != buffer.KindRejected || recs[0].Topic != "sensors//telemetry" ||
+		!strings.HasPrefix(recs[0].Reason, ReasonNoTemplate+": ") || !strings.Contains(recs[0].Reason, "empty level") {
+		t.Fatalf("records %+v, want the empty-level publish rejected (%s) and then the next message", recs, ReasonNoTemplate)
+	}
+	if got := in.Stats().Rejected()[ReasonNoTemplate]; got != 1 {
+		t.Errorf("rejected[%s] = %d, want 1", ReasonNoTemplate, got)
+	}
+}

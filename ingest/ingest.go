@@ -263,9 +263,23 @@ func (in *Ingester) classify(topicName string, qos byte, retained, dup bool, pay
 	return rec
 }
 
+// matches reports whether topicName matches a subscription template.
 func (in *Ingester) matches(topicName string) bool {
 	for _, s := range in.cfg.Subscriptions {
 		if _, _, ok := s.Template.Match(topicName); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// subscribed reports whether topicName is on one of the subscriptions'
+// filters, as an external broker would deliver it: device data for
+// ingest even when it names no device (an empty level), which classify
+// then rejects with its reason instead of letting it pass unrecorded.
+func (in *Ingester) subscribed(topicName string) bool {
+	for _, s := range in.cfg.Subscriptions {
+		if s.Template.InFilter(topicName) {
 			return true
 		}
 	}

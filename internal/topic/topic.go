@@ -79,8 +79,25 @@ func (t *Template) HasDevice() bool { return t.device >= 0 }
 func (t *Template) HasMetric() bool { return t.metric >= 0 }
 
 // Match reports whether topic matches the template and returns its
-// {device} and {metric} levels ("" when the template has none).
+// {device} and {metric} levels ("" when the template has none). A
+// placeholder does not match an empty level.
 func (t *Template) Match(topic string) (device, metric string, ok bool) {
+	return t.match(topic, false)
+}
+
+// InFilter reports whether a broker would deliver topic on the template's
+// filter: as Match, but a placeholder matches an empty level too (as + does),
+// and a wildcard first level does not match a topic that starts with $.
+// Such a topic is the subscription's, yet names no device.
+func (t *Template) InFilter(topic string) bool {
+	if strings.HasPrefix(topic, "$") && len(t.segments) > 0 && (t.segments[0] == "" || t.segments[0] == "+" || t.segments[0] == "#") {
+		return false
+	}
+	_, _, ok := t.match(topic, true)
+	return ok
+}
+
+func (t *Template) match(topic string, emptyOK bool) (device, metric string, ok bool) {
 	rest := topic
 	for i, seg := range t.segments {
 		if seg == "#" {
@@ -99,7 +116,7 @@ func (t *Template) Match(topic string) (device, metric string, ok bool) {
 		}
 		switch {
 		case seg == "":
-			if level == "" {
+			if level == "" && !emptyOK {
 				return "", "", false
 			}
 			if i == t.device {

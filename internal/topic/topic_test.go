@@ -59,3 +59,30 @@ func TestExpandIsOnePass(t *testing.T) {
 		t.Errorf("Expand = %q, want the device value kept literally", got)
 	}
 }
+
+// InFilter is what a broker delivers on the template's filter: an empty
+// level matches a placeholder, and a wildcard first level skips $ topics.
+func TestInFilter(t *testing.T) {
+	cases := []struct {
+		tmpl, topic string
+		in          bool
+	}{
+		{"sensors/{device}/telemetry", "sensors/press-1/telemetry", true},
+		{"sensors/{device}/telemetry", "sensors//telemetry", true},
+		{"sensors/{device}/telemetry", "sensors/press-1/other", false},
+		{"sensors/{device}/telemetry", "sensors/press-1", false},
+		{"plant/{device}", "plant/", true},
+		{"{device}/telemetry", "$SYS/telemetry", false},
+		{"{device}/#", "$share/x", false},
+		{"$iot/{device}", "$iot/d1", true},
+	}
+	for _, c := range cases {
+		tp, err := Parse(c.tmpl)
+		if err != nil {
+			t.Fatalf("Parse(%q): %v", c.tmpl, err)
+		}
+		if got := tp.InFilter(c.topic); got != c.in {
+			t.Errorf("%q.InFilter(%q) = %v, want %v", c.tmpl, c.topic, got, c.in)
+		}
+	}
+}
