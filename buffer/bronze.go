@@ -304,6 +304,13 @@ type tailChunk struct {
 func (b *Bronze) addTail(first uint64, arena []byte, ends []int) {
 	b.tailMu.Lock()
 	defer b.tailMu.Unlock()
+	if len(arena) > tailMaxBytes {
+		// Larger than the whole tail (a commit of large messages): kept,
+		// it would hold that memory until the next commit, however long
+		// the agent then idles. Its records are read from the file.
+		b.tail, b.tailBytes = nil, 0
+		return
+	}
 	if n := len(b.tail); n > 0 {
 		last := &b.tail[n-1]
 		if last.first+uint64(len(last.ends)) != first {
@@ -372,6 +379,11 @@ func (b *Bronze) Read(from uint64, max int) ([]Record, error) {
 // of records each time (the window stage's reads were about 40 MB of
 // allocations per 10 s of load). The records' bytes are the same as Read's;
 // only the array is reused.
+//
+// It also stops after the record that brings the bytes read (topics and
+// payloads) to ReadMaxBytes, so a batch of large messages does not come
+// into memory whole: a reader that needs everything reads until it gets
+// no record, not until it gets fewer than max.
 func (b *Bronze) ReadInto(dst []Record, from uint64, max int) ([]Record, error) {
 	if b.closed.Load() {
 		return dst[:0], ErrClosed
@@ -380,12 +392,20 @@ func (b *Bronze) ReadInto(dst []Record, from uint64, max int) ([]Record, error) 
 	if ok {
 		return out, err
 	}
+	n := 0
 	err = b.scanRecords(from, true, func(r Record) bool {
 		out = append(out, r)
-		return len(out) < max
+		n += len(r.Topic) + len(r.Payload)
+		return len(out) < max && n < ReadMaxBytes
 	})
 	return out, err
 }
+
+// ReadMaxBytes bounds the topic and payload bytes of one ReadInto (the
+// in-memory tail it may serve from is smaller still). Measured: a window
+// batch of 1000 messages of 200 KB, read whole, took the agent's peak RSS
+// to 400 MB.
+const ReadMaxBytes = 8 << 20
 
 // Scan calls fn for each record with Seq >= from, in order, until fn returns
 // false. The record's Payload is only valid during the call.

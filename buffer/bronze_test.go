@@ -156,3 +156,38 @@ func TestBronzeFileMode(t *testing.T) {
 		t.Errorf("bronze.db mode %v, want group-readable and nothing for others", m)
 	}
 }
+
+// A commit larger than the whole tail is not kept in memory (it held the
+// payloads of a backlog of large messages for as long as the agent then
+// idled); its records are read from the file, and the tail starts again
+// with the next commit.
+func TestLargeCommitSkipsTheTail(t *testing.T) {
+	b, err := Open(filepath.Join(t.TempDir(), "bronze.db"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	big := make([]Record, 10)
+	for i := range big {
+		big[i] = Record{Kind: KindMessage, ReceivedAt: int64(i), Topic: "d/1/t", Payload: bytes.Repeat([]byte{'a' + byte(i)}, 200<<10)}
+	}
+	if err := b.Append(big); err != nil {
+		t.Fatal(err)
+	}
+	if len(b.tail) != 0 || b.tailBytes != 0 {
+		t.Fatalf("the tail holds %d chunks, %d bytes after a 2 MB commit", len(b.tail), b.tailBytes)
+	}
+	got, err := b.Read(1, 100)
+	if err != nil || len(got) != 10 || !bytes.Equal(got[9].Payload, big[9].Payload) {
+		t.Fatalf("read back %d records (%v)", len(got), err)
+	}
+	if err := b.Append([]Record{{Kind: KindMessage, ReceivedAt: 11, Topic: "d/1/t", Payload: []byte("small")}}); err != nil {
+		t.Fatal(err)
+	}
+	if len(b.tail) != 1 || b.tail[0].first != 11 {
+		t.Fatalf("the tail after a small commit: %+v", b.tail)
+	}
+	if got, err := b.Read(11, 1); err != nil || len(got) != 1 || string(got[0].Payload) != "small" {
+		t.Fatalf("read from the tail: %v %v", got, err)
+	}
+}

@@ -168,6 +168,7 @@ func New(app Appender, cfg Config) (*Ingester, error) {
 		log:      cfg.Logger.With("component", "ingest"),
 		backoff:  backoff{cfg.RetryMin, cfg.RetryMax},
 		stats:    &in.stats,
+		budget:   newByteBudget(maxQueuedBytes),
 	}
 	if cfg.Embedded != "" {
 		in.src = &embedded{in: in}
@@ -290,11 +291,16 @@ func (in *Ingester) subscribed(topicName string) bool {
 // pushes back on the broker). It returns false when shutdown began and the
 // message was not taken: the caller must not acknowledge it.
 func (in *Ingester) handle(rec buffer.Record, ack acker) bool {
+	size := len(rec.Payload) + len(rec.Topic)
+	if !in.com.budget.acquire(size, in.stopping) {
+		return false
+	}
 	select {
-	case in.com.in <- pending{rec: rec, ack: ack}:
+	case in.com.in <- pending{rec: rec, ack: ack, size: size}:
 		in.stats.Received.Add(1)
 		return true
 	case <-in.stopping:
+		in.com.budget.release(size)
 		return false
 	}
 }

@@ -140,8 +140,8 @@ func Replay(db *bolt.DB, src Source, cfg Config, from, to time.Time) (int, error
 				ids[rd.id] = struct{}{}
 			}
 		}
-		if len(recs) < replayBatch {
-			break
+		if len(recs) == 0 {
+			break // a read may stop short of replayBatch at Bronze's byte bound
 		}
 	}
 	all := make([]*window, 0, len(wins))

@@ -57,7 +57,10 @@ type StepResult struct {
 	// Offset is the last Bronze sequence committed.
 	Offset uint64
 	// Blocked is true when the outbox was over its bound and nothing was consumed.
-	Blocked  bool
+	Blocked bool
+	// More is true when the read stopped at the batch's bound (records or
+	// bytes), so Bronze may hold more right away.
+	More     bool
 	Duration time.Duration
 }
 
@@ -370,6 +373,7 @@ func (s *Stage) Step() (StepResult, error) {
 	}
 	s.capLogged = capped > 0
 	res.Records = len(recs)
+	res.More = readFull(recs, s.cfg.MaxRecordsPerBatch)
 	res.Late = int(e.c.Late - before.Late)
 	res.Duplicates = int(e.c.Duplicates - before.Duplicates)
 	for i := range e.c.Dead {
@@ -575,11 +579,24 @@ func (s *Stage) RunOnce() error {
 		if res.Blocked {
 			return fmt.Errorf("%w: outbox at or above %d bytes", ErrBlocked, s.cfg.OutboxMaxBytes)
 		}
-		if res.Records < s.cfg.MaxRecordsPerBatch {
+		if !res.More {
 			break
 		}
 	}
 	return s.Flush()
+}
+
+// readFull reports whether a read of at most max records stopped at a
+// bound (Bronze.ReadInto's count or ReadMaxBytes) rather than at the end.
+func readFull(recs []buffer.Record, max int) bool {
+	if len(recs) >= max {
+		return true
+	}
+	n := 0
+	for i := range recs {
+		n += len(recs[i].Topic) + len(recs[i].Payload)
+	}
+	return n >= buffer.ReadMaxBytes
 }
 
 // Run steps every TriggerInterval, and again at once while batches come
@@ -608,7 +625,7 @@ func (s *Stage) Run(ctx context.Context) error {
 			if res, err = s.Step(); err != nil {
 				break
 			}
-			if res.Blocked || res.Records < s.cfg.MaxRecordsPerBatch || ctx.Err() != nil {
+			if res.Blocked || !res.More || ctx.Err() != nil {
 				break
 			}
 		}

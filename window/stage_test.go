@@ -934,3 +934,33 @@ func TestLateRowWatermarkAfterLatenessChange(t *testing.T) {
 		t.Errorf("late row's watermark %v, want the device's %v", got, want)
 	}
 }
+
+// A backlog of large messages is read in batches bounded by bytes
+// (buffer.ReadMaxBytes), not whole, and RunOnce still goes to the end:
+// a short read is not the end of Bronze.
+func TestRunOnceReadsLargeRecordsInByteBoundedBatches(t *testing.T) {
+	db, br := openDB(t, "", true), openBronze(t, "")
+	pad := strings.Repeat("x", 1<<20)
+	const n = 20
+	for i := range n {
+		at := t0.Add(time.Duration(i) * time.Second)
+		appendAll(t, br, []buffer.Record{msg("sensors/d1/telemetry", fmt.Sprintf(`{"id":"%d","ts":%d,"temp":%d,"pad":%q}`, i, at.UnixMilli(), i, pad), at)})
+	}
+	cfg := testConfig(t)
+	cfg.MaxRecordsPerBatch = 1000
+	s, err := New(db, br, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Step()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Records >= n || !res.More {
+		t.Fatalf("the first batch read %d records of 1 MiB (more: %v), want a byte-bounded part and more to come", res.Records, res.More)
+	}
+	runToEnd(t, s)
+	if got := s.Stats().Records; got != n {
+		t.Fatalf("RunOnce processed %d records, want all %d", got, n)
+	}
+}
