@@ -18,7 +18,7 @@ var metricHelp = map[string]string{
 	"edgeagent_ingest_connected":                      "1 while the agent is connected to the device broker.",
 	"edgeagent_ingest_messages_received_total":        "MQTT messages received from the device broker.",
 	"edgeagent_ingest_messages_committed_total":       "Messages committed to Bronze (durable on disk).",
-	"edgeagent_ingest_messages_acked_total":           "QoS 1 messages acknowledged to the broker, each after its Bronze commit.",
+	"edgeagent_ingest_messages_acked_total":           "QoS 1 and 2 messages acknowledged to the broker, each after its Bronze commit.",
 	"edgeagent_ingest_reconnects_total":               "Reconnects to the device broker.",
 	"edgeagent_ingest_broker_dropped_total":           "Messages the built-in broker dropped for a local subscriber that fell mqtt.embedded.max_pending_writes behind.",
 	"edgeagent_ingest_sessions_lost_total":            "Connects on which the broker had lost the agent's session, and what it had queued for it.",
