@@ -303,6 +303,20 @@ func (c *committer) run(ctx context.Context) {
 // A batch larger than the room a full Bronze has left is split, so the
 // records that fit go through instead of the whole batch waiting forever.
 func (c *committer) commit(ctx context.Context, batch []pending, recs []buffer.Record) bool {
+	if !c.commitParts(ctx, batch, recs) {
+		return false
+	}
+	// Only once the whole batch is in: a split batch whose first part fit
+	// logged "room again" and then "full" within milliseconds, and counted
+	// the one episode twice.
+	if c.stats.Full.Swap(false) {
+		c.log.Info("bronze has room again; acknowledging resumes")
+	}
+	return true
+}
+
+// commitParts is commit, splitting the batch while Bronze is full.
+func (c *committer) commitParts(ctx context.Context, batch []pending, recs []buffer.Record) bool {
 	var delay time.Duration
 	for {
 		recs = recs[:0]
@@ -324,9 +338,6 @@ func (c *committer) commit(ctx context.Context, batch []pending, recs []buffer.R
 				}
 			}
 			c.stats.Committed.Add(uint64(msgs))
-			if c.stats.Full.Swap(false) {
-				c.log.Info("bronze has room again; acknowledging resumes")
-			}
 			if c.stats.CommitFailing.Swap(false) {
 				c.log.Info("bronze commit recovered", "records", len(batch))
 				c.stats.setCommitErr(nil)
@@ -336,7 +347,7 @@ func (c *committer) commit(ctx context.Context, batch []pending, recs []buffer.R
 		full := errors.Is(err, buffer.ErrFull)
 		if full && len(batch) > 1 {
 			h := len(batch) / 2
-			return c.commit(ctx, batch[:h], recs) && c.commit(ctx, batch[h:], recs)
+			return c.commitParts(ctx, batch[:h], recs) && c.commitParts(ctx, batch[h:], recs)
 		}
 		delay = c.backoff.next(delay)
 		if full {

@@ -2,12 +2,16 @@ package ingest
 
 import (
 	"bytes"
+	"context"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/edgeagent/edgeagent/buffer"
+	"github.com/edgeagent/edgeagent/testrig/logbuf"
 	"github.com/edgeagent/edgeagent/testrig/mqtttest"
 )
 
@@ -72,4 +76,50 @@ func TestHandleBlocksAtTheByteBudget(t *testing.T) {
 	}
 	close(release)
 	mqtttest.WaitFor(t, 30*time.Second, "every record committed", func() bool { return in.Stats().Committed.Load() == n })
+}
+
+// scriptedAppender returns its errors in order, then nil.
+type scriptedAppender struct {
+	errs  []error
+	calls []int // records a call
+}
+
+func (a *scriptedAppender) Append(recs []buffer.Record) error {
+	a.calls = append(a.calls, len(recs))
+	if len(a.errs) == 0 {
+		return nil
+	}
+	err := a.errs[0]
+	a.errs = a.errs[1:]
+	return err
+}
+
+// A batch split because Bronze is full is one episode: counted once, and
+// "room again" logged once the whole batch is in, not after its first part.
+func TestSplitBatchIsOneFullEpisode(t *testing.T) {
+	// Two records, one of which fits at a time: each waits for room in turn.
+	app := &scriptedAppender{errs: []error{buffer.ErrFull, buffer.ErrFull, nil, buffer.ErrFull, nil}}
+	logs := &logbuf.Buffer{}
+	var st Stats
+	c := &committer{app: app, log: slog.New(slog.NewTextHandler(logs, nil)), backoff: backoff{time.Millisecond, time.Millisecond},
+		stats: &st, budget: newByteBudget(maxQueuedBytes)}
+	batch := make([]pending, 2)
+	for i := range batch {
+		batch[i] = pending{rec: buffer.Record{Kind: buffer.KindMessage, Topic: "sensors/d1/telemetry", Payload: []byte{byte(i)}}}
+	}
+	if !c.commit(context.Background(), batch, make([]buffer.Record, 0, 2)) {
+		t.Fatal("commit gave up")
+	}
+	if fmt.Sprint(app.calls) != "[2 1 1 1 1]" {
+		t.Fatalf("append calls %v, want the batch, then each record refused once and taken", app.calls)
+	}
+	if n := st.FullTotal.Load(); n != 1 || st.Full.Load() {
+		t.Errorf("full_total %d (full now %v), want one episode, over", n, st.Full.Load())
+	}
+	if n := strings.Count(logs.String(), "bronze is full"); n != 1 {
+		t.Errorf("%d 'bronze is full' lines, want 1:\n%s", n, logs)
+	}
+	if n := strings.Count(logs.String(), "room again"); n != 1 {
+		t.Errorf("%d 'room again' lines, want 1:\n%s", n, logs)
+	}
 }
