@@ -117,7 +117,28 @@ func (h untitled) Handle(ctx context.Context, r slog.Record) error {
 	if r.Message == "" {
 		r.Message = "broker: a client's connection ended with an error"
 	}
+	if closedByUs(r) {
+		// The broker closed the connection itself (the agent stopping or
+		// reloading): no warning, debug at most.
+		if !h.Handler.Enabled(ctx, slog.LevelDebug) {
+			return nil
+		}
+		r.Level = slog.LevelDebug
+	}
 	return h.Handler.Handle(ctx, r)
+}
+
+// closedByUs reports whether r's error is a read on a connection this
+// process closed.
+func closedByUs(r slog.Record) bool {
+	closed := false
+	r.Attrs(func(a slog.Attr) bool {
+		if err, ok := a.Value.Any().(error); ok && errors.Is(err, net.ErrClosed) {
+			closed = true
+		}
+		return !closed
+	})
+	return closed
 }
 
 func (h untitled) WithAttrs(as []slog.Attr) slog.Handler { return untitled{h.Handler.WithAttrs(as)} }

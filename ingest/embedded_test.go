@@ -3,8 +3,10 @@ package ingest
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"runtime"
 	"strconv"
@@ -504,5 +506,23 @@ func TestEmbeddedEmptyDeviceLevelIsRejectedNotDropped(t *testing.T) {
 	}
 	if got := in.Stats().Rejected()[ReasonNoTemplate]; got != 1 {
 		t.Errorf("rejected[%s] = %d, want 1", ReasonNoTemplate, got)
+	}
+}
+
+// mochi's warning for a connection the agent closed itself (at a stop or a
+// reload) is debug, not a warning; other read errors stay warnings, with
+// a message.
+func TestBrokerLogDemotesOwnClosedConnections(t *testing.T) {
+	logs := &logbuf.Buffer{}
+	log := slog.New(untitled{slog.NewTextHandler(logs, nil)})
+	closed := &net.OpError{Op: "read", Net: "tcp", Err: net.ErrClosed}
+	log.Warn("", "listener", "tcp", "error", closed)
+	log.Warn("", "listener", "tcp", "error", errors.New("packet too large"))
+	out := logs.String()
+	if strings.Contains(out, "closed network connection") {
+		t.Errorf("a connection closed by the agent was logged at warning level:\n%s", out)
+	}
+	if !strings.Contains(out, `level=WARN msg="broker: a client's connection ended with an error" listener=tcp error="packet too large"`) {
+		t.Errorf("another read error was not kept as a warning:\n%s", out)
 	}
 }
