@@ -575,6 +575,7 @@ func TestCheckFilesLoadsWhatItReads(t *testing.T) {
 	}
 	goodCreds := write("good.creds", "-----BEGIN NATS USER JWT-----\neyJhbGciOiJlZDI1NTE5In0.e30.c2ln\n------END NATS USER JWT------\n\n-----BEGIN USER NKEY SEED-----\n"+string(seed)+"\n------END USER NKEY SEED------\n")
 	badCreds := write("bad.creds", "not a credentials file\n")
+	seedOnly := write("seed.creds", string(seed)+"\n")
 	parse := func(mqttCA, certFile, keyFile, creds string) *Config {
 		return mustParse(t, `gateway_id: gw
 mqtt:
@@ -607,6 +608,9 @@ uplink:
 	}
 	if err := parse(certA, certB, keyB, goodCreds).CheckFiles(); err != nil {
 		t.Errorf("CheckFiles() with good files = %v", err)
+	}
+	if err := parse(certA, certB, keyB, seedOnly).CheckFiles(); err == nil || !strings.Contains(err.Error(), "no user JWT in it") {
+		t.Errorf("CheckFiles() with a seed and no JWT = %v, want the JWT named as missing", err)
 	}
 }
 

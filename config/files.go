@@ -120,10 +120,16 @@ func checkCreds(path string) error {
 	if err != nil {
 		return err
 	}
+	const want = "a user JWT and an nkey seed, as nsc writes it"
 	kp, err := nkeys.ParseDecoratedNKey(b)
 	if err != nil {
-		return fmt.Errorf("%s is not a NATS credentials file (a user JWT and an nkey seed, as nsc writes it): %v", path, err)
+		return fmt.Errorf("%s is not a NATS credentials file (%s): %v", path, want, err)
 	}
 	kp.Wipe()
+	// Without its decorated JWT section nats.go sends the whole file as
+	// the JWT, and every connect fails authentication.
+	if jwt, _ := nkeys.ParseDecoratedJWT(b); jwt == "" || jwt == string(b) {
+		return fmt.Errorf("%s is not a NATS credentials file (%s): no user JWT in it", path, want)
+	}
 	return nil
 }

@@ -325,7 +325,7 @@ func sameListener(a, b string) bool {
 		return false
 	}
 	any := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
-	return ha == hb || any(ha) || any(hb)
+	return sameHost(ha, hb) || any(ha) || any(hb)
 }
 
 func validHostname(h string) bool {

@@ -67,36 +67,61 @@ const maxQueuedBytes = 16 << 20
 
 // byteBudget is a counting bound that blocks, for bytes in flight. One
 // record always fits, however large, so a message up to
-// max_payload_bytes is never stuck.
+// max_payload_bytes is never stuck; and records are admitted in the order
+// they asked (a ticket each), so a large one is not starved by small ones
+// from other connections that would fit in the room it waits for.
 type byteBudget struct {
 	mu    sync.Mutex
 	used  int
 	max   int
-	freed chan struct{} // closed and replaced at each release
+	freed chan struct{} // closed and replaced at each release and admission
+	// next is the ticket the next caller takes, serving the one admitted
+	// next; waiting counts the callers blocked (no wake-up without one:
+	// the common case admits at once and allocates nothing).
+	next, serving uint64
+	waiting       int
 }
 
 func newByteBudget(max int) *byteBudget {
 	return &byteBudget{max: max, freed: make(chan struct{})}
 }
 
-// acquire takes n bytes, waiting for releases while they do not fit; it
-// returns false, holding nothing, when stop closes first.
+// acquire takes n bytes, waiting its turn and for releases while they do
+// not fit; it returns false when stop closes first. After a false return
+// the budget admits no one behind the caller: stop is the ingester's
+// shutdown, after which nothing acquires.
 func (b *byteBudget) acquire(n int, stop <-chan struct{}) bool {
+	b.mu.Lock()
+	ticket := b.next
+	b.next++
 	for {
-		b.mu.Lock()
-		if b.used == 0 || b.used+n <= b.max {
+		if ticket == b.serving && (b.used == 0 || b.used+n <= b.max) {
 			b.used += n
+			b.serving++
+			b.wakeLocked() // the next ticket may fit too
 			b.mu.Unlock()
 			return true
 		}
 		wait := b.freed
+		b.waiting++
 		b.mu.Unlock()
 		select {
 		case <-wait:
 		case <-stop:
-			return false
+			return false // waiting stays counted: nothing acquires after stop
 		}
+		b.mu.Lock()
+		b.waiting--
 	}
+}
+
+// wakeLocked wakes every waiter, if there is one; b.mu is held.
+func (b *byteBudget) wakeLocked() {
+	if b.waiting == 0 {
+		return
+	}
+	close(b.freed)
+	b.freed = make(chan struct{})
 }
 
 func (b *byteBudget) release(n int) {
@@ -105,8 +130,7 @@ func (b *byteBudget) release(n int) {
 	}
 	b.mu.Lock()
 	b.used -= n
-	close(b.freed) // wakes every waiter: any of them may fit now
-	b.freed = make(chan struct{})
+	b.wakeLocked()
 	b.mu.Unlock()
 }
 

@@ -52,6 +52,32 @@ func TestByteBudget(t *testing.T) {
 	}
 }
 
+// Records are admitted in the order they asked: a small one that would
+// fit waits behind a large one that does not yet, which would otherwise
+// starve while other connections' small records took every freed byte.
+func TestByteBudgetIsFirstComeFirstServed(t *testing.T) {
+	b := newByteBudget(10)
+	stop := make(chan struct{})
+	defer close(stop)
+	b.acquire(10, stop)
+	waiters := func() int { b.mu.Lock(); defer b.mu.Unlock(); return b.waiting }
+	order := make(chan int, 2)
+	go func() { b.acquire(8, stop); order <- 8 }()
+	mqtttest.WaitFor(t, 5*time.Second, "the large record waiting", func() bool { return waiters() == 1 })
+	go func() { b.acquire(1, stop); order <- 1 }()
+	mqtttest.WaitFor(t, 5*time.Second, "the small record waiting behind it", func() bool { return waiters() == 2 })
+	b.release(5) // room for the small one, not the large one
+	select {
+	case n := <-order:
+		t.Fatalf("the %d-byte record went first, with room for 1 of the 8 the head waits for", n)
+	case <-time.After(50 * time.Millisecond): // a negative check: nothing may pass
+	}
+	b.release(5)
+	if first, second := <-order, <-order; first != 8 || second != 1 {
+		t.Fatalf("admitted %d then %d, want 8 then 1", first, second)
+	}
+}
+
 // While a commit is held, ingest takes no more than maxQueuedBytes of
 // messages off the broker connection; then everything commits.
 func TestHandleBlocksAtTheByteBudget(t *testing.T) {

@@ -31,6 +31,9 @@ type embedded struct {
 	dl   *connectDeadline
 	acks *ackWriter
 	up   atomic.Bool
+	// closing is set while stop closes the broker: the read errors of
+	// the connections it closes are no warning then.
+	closing atomic.Bool
 	// stalled are the local subscribers taken for ones that stopped
 	// reading (see waitForSubscribers).
 	stalledMu sync.Mutex
@@ -42,7 +45,7 @@ func (e *embedded) start(ctx context.Context) error {
 	// mochi logs every connect at info; keep its warnings only.
 	mlog := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if cfg.Logger.Enabled(ctx, slog.LevelWarn) {
-		mlog = slog.New(untitled{cfg.Logger.Handler()}).With("component", "broker")
+		mlog = slog.New(untitled{Handler: cfg.Logger.Handler(), closing: &e.closing}).With("component", "broker")
 	}
 	caps := mochi.NewDefaultServerCapabilities()
 	caps.MaximumClientWritesPending = int32(cfg.EmbeddedMaxPendingWrites)
@@ -81,6 +84,7 @@ func (e *embedded) start(ctx context.Context) error {
 }
 
 func (e *embedded) stop() {
+	e.closing.Store(true)
 	if e.srv != nil {
 		// mochi's Close waits for every connection's goroutine. The connect
 		// deadline bounds that wait; this bounds it whatever else holds a
@@ -110,16 +114,22 @@ func (e *embedded) stop() {
 func (e *embedded) connected() bool { return e.up.Load() }
 
 // untitled gives mochi's log lines that have no message one (it logs a
-// client's read error, such as a packet over the size bound, as msg="").
-type untitled struct{ slog.Handler }
+// client's read error, such as a packet over the size bound, as msg=""),
+// and makes debug the read errors of connections the agent closes while
+// it stops the broker (a stop, a reload). Other closes, such as a client
+// id taken over by a new connection, stay warnings.
+type untitled struct {
+	slog.Handler
+	closing *atomic.Bool
+}
 
 func (h untitled) Handle(ctx context.Context, r slog.Record) error {
 	if r.Message == "" {
 		r.Message = "broker: a client's connection ended with an error"
 	}
-	if closedByUs(r) {
-		// The broker closed the connection itself (the agent stopping or
-		// reloading): no warning, debug at most.
+	if h.closing != nil && h.closing.Load() && closedByUs(r) {
+		// The agent is closing the broker (stopping or reloading): no
+		// warning, debug at most.
 		if !h.Handler.Enabled(ctx, slog.LevelDebug) {
 			return nil
 		}
@@ -141,8 +151,12 @@ func closedByUs(r slog.Record) bool {
 	return closed
 }
 
-func (h untitled) WithAttrs(as []slog.Attr) slog.Handler { return untitled{h.Handler.WithAttrs(as)} }
-func (h untitled) WithGroup(name string) slog.Handler    { return untitled{h.Handler.WithGroup(name)} }
+func (h untitled) WithAttrs(as []slog.Attr) slog.Handler {
+	return untitled{Handler: h.Handler.WithAttrs(as), closing: h.closing}
+}
+func (h untitled) WithGroup(name string) slog.Handler {
+	return untitled{Handler: h.Handler.WithGroup(name), closing: h.closing}
+}
 
 // embeddedPacketSlack is what a packet may hold besides its payload: the
 // largest topic, a packet id, MQTT 5 properties.

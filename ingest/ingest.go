@@ -5,6 +5,7 @@
 package ingest
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -235,7 +236,9 @@ func (in *Ingester) classify(topicName string, qos byte, retained, dup bool, pay
 		// Keep a bounded prefix so the dead letter is inspectable without
 		// letting an oversized message fill Bronze.
 		if len(rec.Payload) > 256 {
-			rec.Payload = rec.Payload[:256]
+			// A copy: a slice would keep the whole payload in memory
+			// until the commit, past the byte budget, which counts 256.
+			rec.Payload = bytes.Clone(rec.Payload[:256])
 		}
 		in.stats.reject(code)
 		return rec

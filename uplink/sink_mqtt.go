@@ -42,7 +42,8 @@ func mqttOptions(cfg Config) (*paho.ClientOptions, error) {
 		SetConnectRetry(false).
 		SetConnectTimeout(connectTimeout(cfg)).
 		SetWriteTimeout(cfg.AckTimeout).
-		SetKeepAlive(max(cfg.AckTimeout, 2*time.Second)).
+		// MQTT sends the keep-alive as 16 bits of seconds; more would wrap.
+		SetKeepAlive(min(max(cfg.AckTimeout, 2*time.Second), maxKeepAlive)).
 		SetPingTimeout(max(cfg.AckTimeout/2, time.Second)).
 		SetOrderMatters(false)
 	if m.Username != "" {
@@ -116,3 +117,6 @@ type tokenAck struct{ tok paho.Token }
 
 func (t tokenAck) done() <-chan struct{}         { return t.tok.Done() }
 func (t tokenAck) result() (dup bool, err error) { return false, t.tok.Error() }
+
+// maxKeepAlive is the longest keep-alive MQTT can carry.
+const maxKeepAlive = 65535 * time.Second

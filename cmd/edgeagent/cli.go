@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"runtime"
@@ -248,7 +249,10 @@ func loadConfigWith(e *env, path string, parse func(string, []byte, func(string)
 		if errors.As(err, &errs) {
 			fmt.Fprintf(e.stderr, "edgeagent: %s is invalid (%d problem%s):\n", path, len(errs.List), plural(len(errs.List)))
 			fmt.Fprintln(e.stderr, errs.Error())
-			if envErr != nil {
+			switch {
+			case errors.Is(envErr, fs.ErrNotExist):
+				fmt.Fprintf(e.stderr, "Note: the variables file was skipped (%v); check EDGEAGENT_ENV_FILE if the config uses ${NAME} variables from it.\n", envErr)
+			case envErr != nil:
 				fmt.Fprintf(e.stderr, "Note: the variables file was skipped (%v); run as root (sudo) if the config uses ${NAME} variables from it.\n", envErr)
 			}
 			fmt.Fprintf(e.stderr, "Fix the file and check it again with: edgeagent config check -c %s\n", path)

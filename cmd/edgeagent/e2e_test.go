@@ -385,7 +385,7 @@ func TestConfigVariablesFromEnvironmentFile(t *testing.T) {
 	missing := filepath.Join(dir, "edgeagnt.env")
 	cmd = exec.Command(agentBin, "config", "check", "-c", cfg)
 	cmd.Env = append(os.Environ(), "EDGEAGENT_ENV_FILE="+missing)
-	if out, err := cmd.CombinedOutput(); exitCode(err) != exitConfig || !strings.Contains(string(out), "Note: the variables file was skipped (open "+missing+": no such file or directory)") {
+	if out, err := cmd.CombinedOutput(); exitCode(err) != exitConfig || !strings.Contains(string(out), "Note: the variables file was skipped (open "+missing+": no such file or directory); check EDGEAGENT_ENV_FILE") {
 		t.Fatalf("a missing variables file named by EDGEAGENT_ENV_FILE must be named in a note: %v\n%s", err, out)
 	}
 }

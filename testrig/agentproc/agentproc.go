@@ -173,13 +173,18 @@ func (p *Process) stop(sig syscall.Signal, timeout time.Duration) error {
 	if err := signalGroup(cmd, sig); err != nil {
 		return fmt.Errorf("agentproc: signal %v: %w", sig, err)
 	}
+	deadline := time.After(timeout)
 	select {
 	case <-done:
-		// A wrapper script that ran the agent without exec may have left
-		// it behind in the group.
+		// A wrapper script that ran the agent without exec may have died
+		// of the signal while the agent, left in the group, still shuts
+		// down: it gets the rest of the timeout.
+		if waitGroupGone(cmd.Process.Pid, deadline) {
+			return nil
+		}
 		_ = signalGroup(cmd, syscall.SIGKILL)
-		return nil
-	case <-time.After(timeout):
+		return fmt.Errorf("agentproc: a process of the agent's group did not exit within %v of %v; killed", timeout, sig)
+	case <-deadline:
 	}
 	_ = signalGroup(cmd, syscall.SIGKILL)
 	<-done
@@ -195,6 +200,22 @@ func signalGroup(cmd *exec.Cmd, sig syscall.Signal) error {
 		return nil
 	}
 	return err
+}
+
+// waitGroupGone polls until process group pgid has no process left, or
+// deadline; it reports whether the group emptied. (No event says so: the
+// rig is not the parent of a wrapper's children.)
+func waitGroupGone(pgid int, deadline <-chan time.Time) bool {
+	for {
+		if errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH) {
+			return true
+		}
+		select {
+		case <-deadline:
+			return false
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // Exits lists every exit so far.

@@ -241,10 +241,15 @@ func TestWrapperWithoutExecLeavesNoAgent(t *testing.T) {
 		pid, _ = strconv.Atoi(string(b))
 		return err == nil && pid > 0
 	})
+	// The agent gets its SIGTERM and the time to shut down, not a SIGKILL
+	// as soon as the script is gone.
 	if _, err := p.Terminate(10 * time.Second); err != nil {
-		t.Logf("terminate: %v", err)
+		t.Fatalf("terminate: %v", err)
 	}
-	waitFor(t, 10*time.Second, "the agent behind the script to be gone", func() bool {
-		return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
-	})
+	if !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+		t.Fatal("the agent behind the script is still running")
+	}
+	if log, err := os.ReadFile(filepath.Join(dir, "agent.log")); err != nil || !strings.Contains(string(log), "fake agent: stopped") {
+		t.Fatalf("the agent did not shut down on its SIGTERM (%v):\n%s", err, log)
+	}
 }

@@ -228,7 +228,7 @@ func run(ctx context.Context, e *env, sc *scenario.Scenario, o Options) (*Report
 		e.proxy.Restore() // an outage cut short ends here
 		rep.Failures = append(rep.Failures, fmt.Sprintf("interrupted %.1fs into publishing: this report covers what had arrived; the agent was stopped without time to deliver the rest, which counts as missing", rep.PublishSeconds))
 		e.logf("interrupted after %d messages: stopping the agent and reporting what has arrived (Ctrl-C again aborts)", pp.Acked)
-	case pubCtx.Err() != nil:
+	case perr != nil && pubCtx.Err() != nil:
 		rep.Failures = append(rep.Failures, fmt.Sprintf("publishing did not finish within %v (the scenario publishes for %v): the broker stopped taking or acknowledging messages", limit, sc.Duration))
 	case perr != nil:
 		rep.Failures = append(rep.Failures, fmt.Sprintf("publisher: %v", perr))
@@ -241,7 +241,7 @@ func run(ctx context.Context, e *env, sc *scenario.Scenario, o Options) (*Report
 	atLeastOnce := sc.AtLeastOnce() || pp.Republished > 0
 	opts := verify.CompareOptions{Gateway: Gateway, Aggregates: sc.Agent.Window.Aggregates, Size: sc.Agent.Window.Size, Slide: sc.Agent.Window.Slide, AtLeastOnce: atLeastOnce}
 	// After a publishing timeout nothing more is coming: no settle.
-	if !rep.Interrupted && pubCtx.Err() == nil {
+	if !rep.Interrupted && (perr == nil || pubCtx.Err() == nil) {
 		settleStart := time.Now()
 		res := waitComplete(ctx, e, exp, opts, sc.SettleTimeout)
 		rep.SettleSeconds = time.Since(settleStart).Seconds()

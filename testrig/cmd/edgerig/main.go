@@ -196,10 +196,6 @@ func cmdRun(ctx context.Context, stop <-chan struct{}, args []string, stdout, st
 	if err != nil {
 		return parseFailed(fs, err, stdout, stderr)
 	}
-	if err := checkJSONPath(*jsonPath); err != nil {
-		fmt.Fprintf(stderr, "edgerig: %v\n", err)
-		return exitUsage
-	}
 	if len(pos) != 1 {
 		fmt.Fprintf(stderr, "edgerig run: want one SCENARIO, got %d\n\n%s", len(pos), usage)
 		return exitUsage
@@ -229,6 +225,10 @@ func cmdRun(ctx context.Context, stop <-chan struct{}, args []string, stdout, st
 		MQTT: *mqtt, NATS: *nats, Broker: *broker, Uplink: *uplink, UplinkBroker: *uplinkBroker, Progress: progress, Stop: stop}
 	if err := rig.CheckUplink(opts); err != nil {
 		fmt.Fprintf(stderr, "edgerig run: %v\n", err)
+		return exitUsage
+	}
+	if err := checkJSONPath(*jsonPath); err != nil {
+		fmt.Fprintf(stderr, "edgerig: %v\n", err)
 		return exitUsage
 	}
 	rep, err := rig.Run(ctx, opts)
@@ -313,16 +313,16 @@ func cmdDemo(ctx context.Context, stop <-chan struct{}, args []string, stdout, s
 	if err != nil {
 		return parseFailed(fs, err, stdout, stderr)
 	}
-	if err := checkJSONPath(*jsonPath); err != nil {
-		fmt.Fprintf(stderr, "edgerig: %v\n", err)
-		return exitUsage
-	}
 	if len(pos) != 0 {
 		fmt.Fprintf(stderr, "edgerig demo: unexpected argument %q\n", pos[0])
 		return exitUsage
 	}
 	if err := checkFlags(checkMin("duration", *duration, 0, "0 (run until Ctrl-C) or more"), checkMin("devices", *devices, 3, "at least 3 (one of each format)")); err != nil {
 		fmt.Fprintf(stderr, "edgerig demo: %v\n", err)
+		return exitUsage
+	}
+	if err := checkJSONPath(*jsonPath); err != nil {
+		fmt.Fprintf(stderr, "edgerig: %v\n", err)
 		return exitUsage
 	}
 	rep, err := rig.Demo(ctx, rig.DemoOptions{Agent: *agent, Duration: *duration, Devices: *devices, Dir: *dir, Out: stdout, Stop: stop})
@@ -351,10 +351,6 @@ func cmdLoad(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return parseFailed(fs, err, stdout, stderr)
 	}
-	if err := checkJSONPath(*jsonPath); err != nil {
-		fmt.Fprintf(stderr, "edgerig: %v\n", err)
-		return exitUsage
-	}
 	if len(pos) != 0 {
 		fmt.Fprintf(stderr, "edgerig load: unexpected argument %q\n", pos[0])
 		return exitUsage
@@ -367,6 +363,10 @@ func cmdLoad(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		checkMin("connections", *conns, 1, "at least 1"), checkMin("reading-interval", *interval, time.Nanosecond, "more than 0"),
 		checkURL("mqtt", *mqtt, mqttSchemes...)); err != nil {
 		fmt.Fprintf(stderr, "edgerig load: %v\n", err)
+		return exitUsage
+	}
+	if err := checkJSONPath(*jsonPath); err != nil {
+		fmt.Fprintf(stderr, "edgerig: %v\n", err)
 		return exitUsage
 	}
 	lr, err := rig.Load(ctx, rig.LoadOptions{Agent: *agent, Devices: *devices, Duration: *duration, Connections: *conns,
