@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -182,14 +183,20 @@ func TestDemoAbortedWhileSettling(t *testing.T) {
 		"] sent":    func() { close(stop) },
 		"stopping:": abort,
 	}}
+	// Its temporary data directory goes with an aborted run.
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
 	begun := time.Now()
-	_, err := rig.Demo(ctx, rig.DemoOptions{Agent: bin, Devices: 6, Out: out, Stop: stop, Dir: t.TempDir()})
+	_, err := rig.Demo(ctx, rig.DemoOptions{Agent: bin, Devices: 6, Out: out, Stop: stop})
 	t.Logf("%v\n%s", err, out)
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("demo returned %v, want an abort", err)
 	}
 	if d := time.Since(begun); d > 30*time.Second {
 		t.Fatalf("the abort took %v", d)
+	}
+	if left, err := filepath.Glob(filepath.Join(tmp, "edgerig-demo-*")); err != nil || len(left) > 0 {
+		t.Fatalf("the aborted demo left %v behind (%v)", left, err)
 	}
 }
 

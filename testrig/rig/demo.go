@@ -98,7 +98,7 @@ func demoScenario(devices int, d time.Duration) *scenario.Scenario {
 // devices, an in-process NATS JetStream cloud, a link outage, and a live
 // view refreshed every second. It stops on Stop or after Duration, lets
 // the agent catch up, and returns the verifier's report; ctx ending aborts.
-func Demo(ctx context.Context, o DemoOptions) (*Report, error) {
+func Demo(ctx context.Context, o DemoOptions) (_ *Report, err error) {
 	if o.Devices == 0 {
 		o.Devices = 36
 	}
@@ -121,6 +121,14 @@ func Demo(ctx context.Context, o DemoOptions) (*Report, error) {
 		return nil, err
 	}
 	defer e.close()
+	defer func() {
+		// Aborted (a second Ctrl-C): no report points at the data, so a
+		// temporary directory goes with the run.
+		if err != nil && ctx.Err() != nil && temp {
+			e.close()
+			os.RemoveAll(dir)
+		}
+	}()
 	if e.cleared != "" {
 		fmt.Fprintln(o.Out, e.cleared)
 	}
@@ -278,6 +286,22 @@ type liveView struct {
 	lastAt   time.Time
 }
 
+// offlineNow says how many of plan's devices are offline el into the run
+// (buffering their readings), and the view's words for it; none once
+// publishing is over (settling), when no device sends or buffers.
+func offlineNow(plan *sim.Plan, el time.Duration, settling bool) (string, int) {
+	if settling {
+		return "done publishing", 0
+	}
+	offline := 0
+	for _, d := range plan.Devices {
+		if d.OfflineUntil > 0 && el >= d.OfflineFrom && el < d.OfflineUntil {
+			offline++
+		}
+	}
+	return fmt.Sprintf("%d offline now, buffering", offline), offline
+}
+
 func (v *liveView) draw(ctx context.Context, banner string) {
 	now := time.Now()
 	el := now.Sub(v.start)
@@ -287,12 +311,7 @@ func (v *liveView) draw(ctx context.Context, banner string) {
 		rate = float64(pp.Acked-v.lastSent) / now.Sub(v.lastAt).Seconds()
 	}
 	v.lastSent, v.lastAt = pp.Acked, now
-	offline := 0
-	for _, d := range v.plan.Devices {
-		if d.OfflineUntil > 0 && el >= d.OfflineFrom && el < d.OfflineUntil {
-			offline++
-		}
-	}
+	devices, offline := offlineNow(v.plan, el, banner != "")
 	vp := v.e.verifier.Progress()
 	st := v.e.status(ctx)
 	var b strings.Builder
@@ -301,7 +320,7 @@ func (v *liveView) draw(ctx context.Context, banner string) {
 		of = " of " + clock(v.total)
 	}
 	fmt.Fprintf(&b, "edgeagent demo — %s%s   (Ctrl-C stops, the verifier's summary follows; twice aborts)\n\n", clock(el), of)
-	fmt.Fprintf(&b, "  devices   %d simulated (JSON, CBOR, plain numbers) on the agent's embedded broker; %d offline now, buffering\n", len(v.plan.Devices), offline)
+	fmt.Fprintf(&b, "  devices   %d simulated (JSON, CBOR, plain numbers) on the agent's embedded broker; %s\n", len(v.plan.Devices), devices)
 	fmt.Fprintf(&b, "  readings  %s sent (%.0f/s)", num(int(pp.Acked)), rate)
 	if st != nil {
 		fmt.Fprintf(&b, "   ingested %s   processed %s   lag %.1fs", num(int(st.Ingest.CommittedTotal)), num(int(st.Window.ProcessedTotal)), st.Window.LagSeconds)

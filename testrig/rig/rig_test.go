@@ -3,6 +3,7 @@ package rig
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -354,5 +355,32 @@ func TestDemoFleetSizes(t *testing.T) {
 	}
 	if g := demoScenario(36, 0).Devices; g[0].Count != 24 || g[1].Count != 8 || g[2].Count != 4 {
 		t.Fatalf("36 devices split %d/%d/%d, want 24/8/4", g[0].Count, g[1].Count, g[2].Count)
+	}
+}
+
+// The live view counts devices offline while they publish, and none once
+// publishing is over: they no longer send or buffer anything.
+func TestDemoViewOfflineCount(t *testing.T) {
+	sc := demoScenario(36, 0)
+	sc.Seed = 1
+	plan, err := sim.NewPlan(sc, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var at time.Duration
+	for _, d := range plan.Devices {
+		if d.OfflineUntil > 0 {
+			at = d.OfflineFrom + time.Second
+			break
+		}
+	}
+	if at == 0 {
+		t.Fatal("no device of the demo goes offline")
+	}
+	if words, n := offlineNow(plan, at, false); n == 0 || words != fmt.Sprintf("%d offline now, buffering", n) {
+		t.Errorf("while publishing: %q, %d; want a device offline", words, n)
+	}
+	if words, n := offlineNow(plan, at, true); n != 0 || words != "done publishing" {
+		t.Errorf("while settling: %q, %d; want none offline", words, n)
 	}
 }
