@@ -63,6 +63,19 @@ func TestDemo(t *testing.T) {
 	}
 }
 
+// The demo with the MQTT uplink: an in-process MQTT broker is the cloud.
+func TestDemoMQTTUplink(t *testing.T) {
+	bin := agent(t)
+	var out bytes.Buffer
+	rep, err := rig.Demo(context.Background(), rig.DemoOptions{Agent: bin, Duration: 6 * time.Second, Devices: 6, Out: &out, Uplink: rig.UplinkMQTT})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if !rep.OK() || rep.Result.Windows.Correct == 0 || !strings.HasPrefix(rep.Uplink, "MQTT") {
+		t.Fatalf("demo over the MQTT uplink: %s %v, uplink %q\n%s", rep.Verdict, rep.Failures, rep.Uplink, out.String())
+	}
+}
+
 // reuse is a small fleet for TestReuseDirAndStream: a few seconds, with
 // the same gateway, keys and stream on every run.
 const reuse = `

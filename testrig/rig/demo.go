@@ -34,6 +34,9 @@ type DemoOptions struct {
 	Dir string
 	// Out receives the live view and the summary.
 	Out io.Writer
+	// Uplink is the agent's uplink: UplinkNATS (or "") or UplinkMQTT (an
+	// in-process MQTT broker as the cloud).
+	Uplink string
 }
 
 // demoHorizon is how long a demo without --duration can run: the plan is
@@ -105,6 +108,9 @@ func Demo(ctx context.Context, o DemoOptions) (_ *Report, err error) {
 	if o.Out == nil {
 		o.Out = io.Discard
 	}
+	if err := CheckUplink(Options{Uplink: o.Uplink}); err != nil {
+		return nil, err
+	}
 	sc := demoScenario(o.Devices, o.Duration)
 	if err := sc.Validate(); err != nil {
 		return nil, err
@@ -115,7 +121,7 @@ func Demo(ctx context.Context, o DemoOptions) (_ *Report, err error) {
 	}
 	// No progress writer: its lines come from the fault goroutine, and the
 	// view owns o.Out.
-	e, err := newEnv(ctx, envConfig{dir: dir, agentBin: o.Agent, agent: sc.Agent, embedded: true})
+	e, err := newEnv(ctx, envConfig{dir: dir, agentBin: o.Agent, agent: sc.Agent, embedded: true, uplink: o.Uplink})
 	if err != nil {
 		removeTemp(dir, temp)
 		return nil, err
@@ -132,7 +138,11 @@ func Demo(ctx context.Context, o DemoOptions) (_ *Report, err error) {
 	if e.cleared != "" {
 		fmt.Fprintln(o.Out, e.cleared)
 	}
-	fmt.Fprintf(o.Out, "starting: agent %s, its embedded MQTT broker on %s, NATS JetStream on %s\n", o.Agent, e.brokerURL, e.natsURL)
+	cloud := "NATS JetStream on " + e.natsURL
+	if e.natsURL == "" {
+		cloud = e.uplinkName
+	}
+	fmt.Fprintf(o.Out, "starting: agent %s, its embedded MQTT broker on %s, the cloud: %s\n", o.Agent, e.brokerURL, cloud)
 	if err := e.startAgent(ctx, 30*time.Second); err != nil {
 		return nil, err
 	}
@@ -140,7 +150,7 @@ func Demo(ctx context.Context, o DemoOptions) (_ *Report, err error) {
 	if err != nil {
 		return nil, err
 	}
-	rep := &Report{Mode: "demo", Description: sc.Description, Broker: e.brokerName, RunDir: dir}
+	rep := &Report{Mode: "demo", Description: sc.Description, Broker: e.brokerName, Uplink: e.uplinkName, RunDir: dir}
 	c := plan.Counts()
 	rep.Plan = PlanSummary{Devices: c.Devices, Messages: c.Messages, Readings: c.Readings, Retries: c.Retries, Dead: c.Dead}
 

@@ -51,7 +51,10 @@ type LoadOptions struct {
 	// gateway where the agent is the only broker. The ceiling is then
 	// measured on a separate in-process mochi before the agent starts.
 	Embedded bool
-	Dir      string
+	// Uplink is the agent's uplink: UplinkNATS (or "") or UplinkMQTT (an
+	// in-process MQTT broker as the cloud), for its bytes per reading.
+	Uplink string
+	Dir    string
 	// Progress receives phase lines; nil discards them.
 	Progress io.Writer
 }
@@ -121,16 +124,18 @@ type LoadReport struct {
 	PlanExhausted bool   `json:"plan_exhausted"`
 	// LagP50Ms and LagP99Ms: from a reading's publish to the arrival of
 	// its window in the cloud.
-	LagP50Ms              float64        `json:"lag_p50_ms"`
-	LagP99Ms              float64        `json:"lag_p99_ms"`
-	PeakRSSBytes          int64          `json:"peak_rss_bytes"`
-	CPUSeconds            float64        `json:"cpu_seconds"`
-	CPUSecondsPerMillion  float64        `json:"cpu_seconds_per_million_readings"`
-	UplinkBytes           uint64         `json:"uplink_bytes"`
-	UplinkBytesPerReading float64        `json:"uplink_bytes_per_reading"`
-	Result                *verify.Result `json:"result"`
-	Failures              []string       `json:"failures,omitempty"`
-	Notes                 []string       `json:"notes,omitempty"`
+	LagP50Ms              float64 `json:"lag_p50_ms"`
+	LagP99Ms              float64 `json:"lag_p99_ms"`
+	PeakRSSBytes          int64   `json:"peak_rss_bytes"`
+	CPUSeconds            float64 `json:"cpu_seconds"`
+	CPUSecondsPerMillion  float64 `json:"cpu_seconds_per_million_readings"`
+	UplinkBytes           uint64  `json:"uplink_bytes"`
+	UplinkBytesPerReading float64 `json:"uplink_bytes_per_reading"`
+	// Uplink says what carried the agent's uplink to the verifier.
+	Uplink   string         `json:"uplink"`
+	Result   *verify.Result `json:"result"`
+	Failures []string       `json:"failures,omitempty"`
+	Notes    []string       `json:"notes,omitempty"`
 }
 
 // OK reports whether the load run delivered everything correctly.
@@ -169,7 +174,7 @@ func (l *LoadReport) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "  end-to-end lag (publish→cloud)   p50 %s  p99 %s\n", ms(l.LagP50Ms), ms(l.LagP99Ms))
 	fmt.Fprintf(w, "  agent peak RSS                   %s\n", bytesStr(l.PeakRSSBytes))
 	fmt.Fprintf(w, "  agent CPU                        %.1f s per million readings (%.1f s for %s)\n", l.CPUSecondsPerMillion, l.CPUSeconds, num(int(l.Readings)))
-	fmt.Fprintf(w, "  uplink                           %.2f bytes per reading (%s)\n", l.UplinkBytesPerReading, bytesStr(int64(l.UplinkBytes)))
+	fmt.Fprintf(w, "  uplink                           %.2f bytes per reading (%s, over %s)\n", l.UplinkBytesPerReading, bytesStr(int64(l.UplinkBytes)), l.Uplink)
 	if r := l.Result; r != nil {
 		fmt.Fprintf(w, "  verified                         %s windows correct, %d wrong, %d missing, %d extra\n",
 			num(r.Windows.Correct), r.Windows.Wrong, r.Windows.Missing, r.Windows.Extra)
@@ -227,6 +232,9 @@ func Load(ctx context.Context, o LoadOptions) (*LoadReport, error) {
 	if o.Embedded && o.MQTT != "" {
 		return nil, errors.New("rig: load: Embedded and MQTT exclude each other")
 	}
+	if err := CheckUplink(Options{Uplink: o.Uplink}); err != nil {
+		return nil, err
+	}
 	sc := loadScenario(o.Devices, o.Duration, o.MaxRate, o.Connections, o.ReadingInterval, "")
 	if err := sc.Validate(); err != nil {
 		return nil, err
@@ -235,13 +243,13 @@ func Load(ctx context.Context, o LoadOptions) (*LoadReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	e, err := newEnv(ctx, envConfig{dir: dir, agentBin: o.Agent, agent: sc.Agent, mqtt: o.MQTT, embedded: o.Embedded, progress: o.Progress})
+	e, err := newEnv(ctx, envConfig{dir: dir, agentBin: o.Agent, agent: sc.Agent, mqtt: o.MQTT, embedded: o.Embedded, uplink: o.Uplink, progress: o.Progress})
 	if err != nil {
 		removeTemp(dir, temp)
 		return nil, err
 	}
 	defer e.close()
-	lr := &LoadReport{Devices: o.Devices, Connections: o.Connections, Broker: e.brokerName, ReadingIntervalSeconds: o.ReadingInterval.Seconds(),
+	lr := &LoadReport{Devices: o.Devices, Connections: o.Connections, Broker: e.brokerName, Uplink: e.uplinkName, ReadingIntervalSeconds: o.ReadingInterval.Seconds(),
 		CeilingBroker: e.brokerName}
 
 	// 1. The ceiling: a bare subscriber that acks at once.

@@ -87,8 +87,8 @@ func interrupts(sigs <-chan os.Signal, stop chan<- struct{}, abort func(), done 
 // --help share them, so the two cannot drift apart.
 const (
 	synRun  = "edgerig run [--agent PATH] [--short] [--json FILE] [--dir DIR] [--keep] [--broker mochi|mosquitto] [--mqtt URL] [--nats URL] [--uplink nats|mqtt] [--uplink-broker URL] [--quiet] SCENARIO"
-	synDemo = "edgerig demo [--agent PATH] [--duration D] [--devices N] [--dir DIR] [--json FILE]"
-	synLoad = "edgerig load [--agent PATH] [--devices N] [--duration D] [--connections N] [--reading-interval D] [--json FILE] [--dir DIR] [--mqtt URL | --embedded]"
+	synDemo = "edgerig demo [--agent PATH] [--duration D] [--devices N] [--dir DIR] [--json FILE] [--uplink nats|mqtt]"
+	synLoad = "edgerig load [--agent PATH] [--devices N] [--duration D] [--connections N] [--reading-interval D] [--json FILE] [--dir DIR] [--mqtt URL | --embedded] [--uplink nats|mqtt]"
 )
 
 const usage = `edgerig — simulated devices, faults and cloud around the real edgeagent
@@ -309,6 +309,7 @@ func cmdDemo(ctx context.Context, stop <-chan struct{}, args []string, stdout, s
 	devices := fs.Int("devices", 36, "number of simulated devices")
 	dir := fs.String("dir", "", "data directory (default: a temporary one; ./demo-data keeps it)")
 	jsonPath := fs.String("json", "", "also write the verifier's summary as JSON to `FILE`")
+	uplink := fs.String("uplink", rig.UplinkNATS, "the agent's uplink: nats (JetStream) or mqtt (a broker of its own)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return parseFailed(fs, err, stdout, stderr)
@@ -325,7 +326,11 @@ func cmdDemo(ctx context.Context, stop <-chan struct{}, args []string, stdout, s
 		fmt.Fprintf(stderr, "edgerig: %v\n", err)
 		return exitUsage
 	}
-	rep, err := rig.Demo(ctx, rig.DemoOptions{Agent: *agent, Duration: *duration, Devices: *devices, Dir: *dir, Out: stdout, Stop: stop})
+	if err := rig.CheckUplink(rig.Options{Uplink: *uplink}); err != nil {
+		fmt.Fprintf(stderr, "edgerig demo: %v\n", err)
+		return exitUsage
+	}
+	rep, err := rig.Demo(ctx, rig.DemoOptions{Agent: *agent, Duration: *duration, Devices: *devices, Dir: *dir, Out: stdout, Stop: stop, Uplink: *uplink})
 	if err != nil {
 		fmt.Fprintf(stderr, "edgerig demo: %s\n", failed(ctx, err))
 		if errors.Is(err, rig.ErrNoAgent) {
@@ -347,6 +352,7 @@ func cmdLoad(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	mqtt := fs.String("mqtt", "", "use this external MQTT broker `URL` (the ceiling is measured on it too)")
 	embedded := fs.Bool("embedded", false, "devices publish to the agent's embedded broker (its CPU and memory then include the broker's)")
 	dir := fs.String("dir", "", "run directory (default: a temporary one)")
+	uplink := fs.String("uplink", rig.UplinkNATS, "the agent's uplink: nats (JetStream) or mqtt (a broker of its own)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return parseFailed(fs, err, stdout, stderr)
@@ -369,8 +375,12 @@ func cmdLoad(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "edgerig: %v\n", err)
 		return exitUsage
 	}
+	if err := rig.CheckUplink(rig.Options{Uplink: *uplink}); err != nil {
+		fmt.Fprintf(stderr, "edgerig load: %v\n", err)
+		return exitUsage
+	}
 	lr, err := rig.Load(ctx, rig.LoadOptions{Agent: *agent, Devices: *devices, Duration: *duration, Connections: *conns,
-		ReadingInterval: *interval, MQTT: *mqtt, Embedded: *embedded, Dir: *dir, Progress: stderr})
+		ReadingInterval: *interval, MQTT: *mqtt, Embedded: *embedded, Uplink: *uplink, Dir: *dir, Progress: stderr})
 	if err != nil {
 		fmt.Fprintf(stderr, "edgerig load: %v\n", err)
 		return exitError

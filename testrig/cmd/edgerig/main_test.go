@@ -50,6 +50,8 @@ func TestUsageAndScenarios(t *testing.T) {
 		{[]string{"run", "--agent", "/nonexistent", "--json", "/nonexistent/dir/report.json", "steady"}, exitUsage, "--json: open /nonexistent/dir/report.json: no such file or directory"},
 		{[]string{"demo", "--agent", "/nonexistent", "--json", "/nonexistent/dir/report.json"}, exitUsage, "--json: open"},
 		{[]string{"load", "--agent", "/nonexistent", "--json", "/nonexistent/dir/report.json"}, exitUsage, "--json: open"},
+		{[]string{"demo", "--agent", "/nonexistent", "--uplink", "amqp"}, exitUsage, "want nats or mqtt"},
+		{[]string{"load", "--agent", "/nonexistent", "--uplink", "amqp"}, exitUsage, "want nats or mqtt"},
 	}
 	for _, c := range cases {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
