@@ -245,7 +245,7 @@ func run(ctx context.Context, e *env, sc *scenario.Scenario, o Options) (*Report
 		settleStart := time.Now()
 		res := waitComplete(ctx, e, exp, opts, sc.SettleTimeout)
 		rep.SettleSeconds = time.Since(settleStart).Seconds()
-		if !res.Complete() && ctx.Err() == nil {
+		if !res.Settled(opts) && ctx.Err() == nil {
 			rep.Failures = append(rep.Failures, fmt.Sprintf("the agent did not deliver every window within settle_timeout %v", sc.SettleTimeout))
 		}
 		// A quiet period: anything still to come (an extra, a late
@@ -295,7 +295,7 @@ func waitComplete(ctx context.Context, e *env, exp *truth.Expected, o verify.Com
 	lastLog := time.Now()
 	for {
 		res := e.verifier.Compare(exp, o)
-		if res.Complete() || time.Now().After(deadline) || ctx.Err() != nil {
+		if res.Settled(o) || time.Now().After(deadline) || ctx.Err() != nil {
 			return res
 		}
 		if time.Since(lastLog) > 5*time.Second {

@@ -79,6 +79,9 @@ type WindowCounts struct {
 	// RevisionsExpected is the truth's lower bound for it.
 	Revised           int `json:"revised"`
 	RevisionsExpected int `json:"revisions_expected_at_least"`
+	// Overcounted are wrong windows that hold more readings than the
+	// truth: a revision only adds readings, so they can never come right.
+	Overcounted int `json:"overcounted"`
 }
 
 // SeriesCounts are the processing-time series, compared as totals.
@@ -119,6 +122,13 @@ func (r *Result) OK() bool {
 	w, p := r.Windows, r.PTime
 	return w.Wrong == 0 && w.Missing == 0 && w.Extra == 0 &&
 		p.Wrong == 0 && p.Missing == 0 && p.Extra == 0 && r.Delivery.DecodeErrors == 0 && r.Delivery.KeyConflicts == 0
+}
+
+// Settled reports whether waiting can change the outcome no more: every
+// window complete, or one that can never come right (more readings than
+// the truth, where no reading may arrive twice).
+func (r *Result) Settled(o CompareOptions) bool {
+	return r.Complete() || !o.AtLeastOnce && r.Windows.Overcounted > 0
 }
 
 // Complete reports whether every expected window and series has arrived
@@ -173,6 +183,9 @@ func (v *Verifier) Compare(exp *truth.Expected, o CompareOptions) *Result {
 		}
 		if diff != "" {
 			res.Windows.Wrong++
+			if got.best.Count > want.Count {
+				res.Windows.Overcounted++
+			}
 			note(&wrong, "wrong %s/%s@%s rev %d: %s", k.Device, k.Metric, fmtStart(k.Start), got.best.Rev, diff)
 			continue
 		}

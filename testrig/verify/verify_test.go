@@ -285,3 +285,30 @@ func TestCompareGeometry(t *testing.T) {
 		t.Fatalf("tumbling: ptime %+v, want the series wrong", r.PTime)
 	}
 }
+
+// A window holding more readings than the truth can never come right
+// (revisions only add readings): waiting is over unless a reading may
+// arrive twice.
+func TestOvercountedSettles(t *testing.T) {
+	n := startNATS(t)
+	v := startVerifier(t, n.URL())
+	publish(t, n.URL(), "o", agg("a", "t", 0, 1, 1, 2, 3))
+	waitAggregates(t, v, 1)
+	exp := &truth.Expected{Windows: map[truth.Key]*truth.Window{
+		{Device: "a", Metric: "t", Start: 0}:      window(1, 2),
+		{Device: "b", Metric: "t", Start: 60_000}: window(4),
+	}, PTime: map[truth.SeriesKey]*truth.Series{}}
+	o := CompareOptions{Gateway: gw, Aggregates: all}
+	r := v.Compare(exp, o)
+	if r.Windows.Overcounted != 1 || r.Complete() || !r.Settled(o) {
+		t.Fatalf("windows %+v: want one overcounted window that settles the wait", r.Windows)
+	}
+	o.AtLeastOnce = true
+	if r.Settled(o) {
+		t.Fatal("at least once, an extra reading may be a redelivery: the wait must go on")
+	}
+	if r := v.Compare(&truth.Expected{Windows: map[truth.Key]*truth.Window{{Device: "a", Metric: "t", Start: 0}: window(1, 2, 3, 4)},
+		PTime: map[truth.SeriesKey]*truth.Series{}}, CompareOptions{Gateway: gw, Aggregates: all}); r.Windows.Overcounted != 0 || r.Settled(CompareOptions{}) {
+		t.Fatalf("a window short of readings may still be revised: %+v", r.Windows)
+	}
+}
