@@ -857,6 +857,10 @@ func sameDeviceBroker(m MQTT, broker string) bool {
 		return false
 	}
 	if m.Broker == "embedded" {
+		// The built-in broker listens for plain MQTT over TCP only.
+		if u, err := url.Parse(broker); err != nil || u.Scheme != "tcp" && u.Scheme != "mqtt" {
+			return false
+		}
 		lh, lp, err := net.SplitHostPort(m.Embedded.Listen)
 		if err != nil || lp != port {
 			return false
@@ -868,14 +872,18 @@ func sameDeviceBroker(m MQTT, broker string) bool {
 	return ok && dp == port && sameHost(dh, host)
 }
 
-// brokerEndpoint is a broker URL's host and port (validation requires
-// the port).
+// brokerEndpoint is a broker URL's host and port. Validation requires the
+// port except for websocket URLs, which default to 80 and 443.
 func brokerEndpoint(broker string) (host, port string, ok bool) {
 	u, err := url.Parse(broker)
-	if err != nil || u.Port() == "" {
+	if err != nil || u.Host == "" {
 		return "", "", false
 	}
-	return u.Hostname(), u.Port(), true
+	port = u.Port()
+	if port == "" {
+		port = map[string]string{"ws": "80", "wss": "443"}[u.Scheme]
+	}
+	return u.Hostname(), port, port != ""
 }
 
 // sameHost compares host names, all loopback names being one host.
