@@ -395,10 +395,24 @@ func (b *Bronze) ReadInto(dst []Record, from uint64, max int) ([]Record, error) 
 	n := 0
 	err = b.scanRecords(from, true, func(r Record) bool {
 		out = append(out, r)
-		n += len(r.Topic) + len(r.Payload)
+		n += r.HeldBytes()
 		return len(out) < max && n < ReadMaxBytes
 	})
 	return out, err
+}
+
+// ReadFull reports whether recs, what a ReadInto of at most max records
+// returned, stopped at one of its bounds (max, ReadMaxBytes) rather than
+// at the end of the log: more may be there right away.
+func ReadFull(recs []Record, max int) bool {
+	if len(recs) >= max {
+		return true
+	}
+	n := 0
+	for i := range recs {
+		n += recs[i].HeldBytes()
+	}
+	return n >= ReadMaxBytes
 }
 
 // ReadMaxBytes bounds the topic and payload bytes of one ReadInto (the

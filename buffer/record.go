@@ -52,6 +52,11 @@ type Record struct {
 	Payload []byte
 }
 
+// HeldBytes is what a record holds in memory besides its fixed fields:
+// its topic and payload. Ingest's byte budget and ReadInto's byte bound
+// count it.
+func (r *Record) HeldBytes() int { return len(r.Topic) + len(r.Payload) }
+
 const recordFormat = 1
 
 const (

@@ -324,9 +324,11 @@ func sameListener(a, b string) bool {
 	if errA != nil || errB != nil || pa != pb {
 		return false
 	}
-	any := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
-	return sameHost(ha, hb) || any(ha) || any(hb)
+	return sameHost(ha, hb) || wildcardHost(ha) || wildcardHost(hb)
 }
+
+// wildcardHost reports whether a listen address's host is every interface.
+func wildcardHost(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
 
 func validHostname(h string) bool {
 	if len(h) > 253 {
@@ -865,8 +867,7 @@ func sameDeviceBroker(m MQTT, broker string) bool {
 		if err != nil || lp != port {
 			return false
 		}
-		wildcard := lh == "" || lh == "0.0.0.0" || lh == "::"
-		return wildcard && sameHost("127.0.0.1", host) || sameHost(lh, host)
+		return wildcardHost(lh) && sameHost("127.0.0.1", host) || sameHost(lh, host)
 	}
 	dh, dp, ok := brokerEndpoint(m.Broker)
 	return ok && dp == port && sameHost(dh, host)

@@ -28,8 +28,6 @@ func (f ackFunc) Ack() { f() }
 // pending is one received message waiting for its group commit.
 type pending struct {
 	rec buffer.Record
-	// size is what the record holds of the byte budget.
-	size int
 	// ack acknowledges the message to its broker; nil for QoS0 and ticks.
 	ack acker
 	// stored is set once the record committed (and was acknowledged), so a
@@ -398,7 +396,7 @@ func (c *committer) commitParts(ctx context.Context, batch []pending, recs []buf
 	freed := 0
 	for i := range batch {
 		batch[i].stored = true
-		freed += batch[i].size
+		freed += batch[i].rec.HeldBytes()
 		if batch[i].ack != nil {
 			batch[i].ack.Ack()
 			c.stats.Acked.Add(1)

@@ -294,12 +294,12 @@ func (in *Ingester) subscribed(topicName string) bool {
 // pushes back on the broker). It returns false when shutdown began and the
 // message was not taken: the caller must not acknowledge it.
 func (in *Ingester) handle(rec buffer.Record, ack acker) bool {
-	size := len(rec.Payload) + len(rec.Topic)
+	size := rec.HeldBytes()
 	if !in.com.budget.acquire(size, in.stopping) {
 		return false
 	}
 	select {
-	case in.com.in <- pending{rec: rec, ack: ack, size: size}:
+	case in.com.in <- pending{rec: rec, ack: ack}:
 		in.stats.Received.Add(1)
 		return true
 	case <-in.stopping:

@@ -373,7 +373,7 @@ func (s *Stage) Step() (StepResult, error) {
 	}
 	s.capLogged = capped > 0
 	res.Records = len(recs)
-	res.More = readFull(recs, s.cfg.MaxRecordsPerBatch)
+	res.More = buffer.ReadFull(recs, s.cfg.MaxRecordsPerBatch)
 	res.Late = int(e.c.Late - before.Late)
 	res.Duplicates = int(e.c.Duplicates - before.Duplicates)
 	for i := range e.c.Dead {
@@ -584,19 +584,6 @@ func (s *Stage) RunOnce() error {
 		}
 	}
 	return s.Flush()
-}
-
-// readFull reports whether a read of at most max records stopped at a
-// bound (Bronze.ReadInto's count or ReadMaxBytes) rather than at the end.
-func readFull(recs []buffer.Record, max int) bool {
-	if len(recs) >= max {
-		return true
-	}
-	n := 0
-	for i := range recs {
-		n += len(recs[i].Topic) + len(recs[i].Payload)
-	}
-	return n >= buffer.ReadMaxBytes
 }
 
 // Run steps every TriggerInterval, and again at once while batches come

@@ -318,16 +318,13 @@ func cmdDemo(ctx context.Context, stop <-chan struct{}, args []string, stdout, s
 		fmt.Fprintf(stderr, "edgerig demo: unexpected argument %q\n", pos[0])
 		return exitUsage
 	}
-	if err := checkFlags(checkMin("duration", *duration, 0, "0 (run until Ctrl-C) or more"), checkMin("devices", *devices, 3, "at least 3 (one of each format)")); err != nil {
+	if err := checkFlags(checkMin("duration", *duration, 0, "0 (run until Ctrl-C) or more"), checkMin("devices", *devices, 3, "at least 3 (one of each format)"),
+		rig.CheckUplink(rig.Options{Uplink: *uplink})); err != nil {
 		fmt.Fprintf(stderr, "edgerig demo: %v\n", err)
 		return exitUsage
 	}
 	if err := checkJSONPath(*jsonPath); err != nil {
 		fmt.Fprintf(stderr, "edgerig: %v\n", err)
-		return exitUsage
-	}
-	if err := rig.CheckUplink(rig.Options{Uplink: *uplink}); err != nil {
-		fmt.Fprintf(stderr, "edgerig demo: %v\n", err)
 		return exitUsage
 	}
 	rep, err := rig.Demo(ctx, rig.DemoOptions{Agent: *agent, Duration: *duration, Devices: *devices, Dir: *dir, Out: stdout, Stop: stop, Uplink: *uplink})
@@ -367,16 +364,12 @@ func cmdLoad(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if err := checkFlags(checkMin("devices", *devices, 1, "at least 1"), checkMin("duration", *duration, time.Nanosecond, "more than 0"),
 		checkMin("connections", *conns, 1, "at least 1"), checkMin("reading-interval", *interval, time.Nanosecond, "more than 0"),
-		checkURL("mqtt", *mqtt, mqttSchemes...)); err != nil {
+		checkURL("mqtt", *mqtt, mqttSchemes...), rig.CheckUplink(rig.Options{Uplink: *uplink})); err != nil {
 		fmt.Fprintf(stderr, "edgerig load: %v\n", err)
 		return exitUsage
 	}
 	if err := checkJSONPath(*jsonPath); err != nil {
 		fmt.Fprintf(stderr, "edgerig: %v\n", err)
-		return exitUsage
-	}
-	if err := rig.CheckUplink(rig.Options{Uplink: *uplink}); err != nil {
-		fmt.Fprintf(stderr, "edgerig load: %v\n", err)
 		return exitUsage
 	}
 	lr, err := rig.Load(ctx, rig.LoadOptions{Agent: *agent, Devices: *devices, Duration: *duration, Connections: *conns,
