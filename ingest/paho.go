@@ -183,10 +183,11 @@ func (p *pahoSource) checkSession() {
 	if !p.sessionKnown.Load() || p.sessionPresent.Load() || (n == 1 && !p.hadSession) {
 		return
 	}
-	p.in.stats.SessionsLost.Add(1)
-	p.in.stats.SessionLostAt.Store(p.in.cfg.Clock().UnixNano())
+	// Logged before it is counted: whoever sees the count finds the line.
 	p.in.com.log.Warn("the broker had no session for the agent: messages it queued while the agent was away are lost (keep sessions across broker restarts: mosquitto's persistence true; check persistent_client_expiration)",
 		"broker", p.in.cfg.Broker, "client_id", p.in.cfg.ClientID)
+	p.in.stats.SessionLostAt.Store(p.in.cfg.Clock().UnixNano())
+	p.in.stats.SessionsLost.Add(1)
 }
 
 // sessionID is what SessionFile holds: the session's broker and client id.
