@@ -101,6 +101,9 @@ func TestChildProcess(t *testing.T) {
 	cfg.MaxRecordsPerBatch = batch
 	if os.Getenv("WINDOW_CHECKPOINT_EVERY_BATCH") != "" {
 		checkpointEveryBatch(&cfg)
+		// Each checkpoint in many transactions, so that kills land
+		// between them too.
+		chunkBytes = 256
 	}
 	s, err := New(db, br, cfg)
 	if err != nil {
@@ -158,7 +161,8 @@ func TestDeterminismAcrossKills(t *testing.T) {
 			"WINDOW_BATCH="+strconv.Itoa(batch))
 		if attempt%2 == 1 {
 			// Every other child checkpoints, and so evicts emitted windows,
-			// with every batch; the others replay from older checkpoints.
+			// with every batch, each in many transactions; the others
+			// replay from older checkpoints.
 			cmd.Env = append(cmd.Env, "WINDOW_CHECKPOINT_EVERY_BATCH=1")
 		}
 		var stderr bytes.Buffer

@@ -25,9 +25,14 @@
 //
 // # State
 //
-// The hot state lives in memory and every batch writes only the rows it
-// changed, in the same transaction as the offset, the outbox entries and
-// the late and dead-letter rows (DESIGN invariant 2). Emitted windows
+// The hot state lives in memory. Every batch commits its outbox entries
+// and late and dead-letter rows with the Bronze offset they cover; a state
+// checkpoint writes only the rows that changed since the last one. A large
+// checkpoint is written in several transactions, so that it never holds
+// all its rows in memory at once, and counts only when its last one
+// commits, with the offset and the batch's outputs: until then its rows
+// are new versions that a restart ignores (see slotted in groups.go), so
+// state and offset still change together (DESIGN invariant 2). Emitted windows
 // without pending changes, which wait out the allowed lateness and are
 // rarely touched again, are evicted from memory once a state checkpoint
 // has written them; late data for one reads its row back. New loads the

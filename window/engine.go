@@ -206,6 +206,7 @@ type engine struct {
 	pending    map[*window]struct{}
 	clock      int64 // logged clock, unix ns: max received-at seen
 	offset     uint64
+	gen        uint64 // the committed checkpoint's generation (see slotted)
 	revBase    uint32 // revisions start above this (raised by reset and replay)
 	highRev    uint32 // highest revision ever emitted
 	nWindows   int

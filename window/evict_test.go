@@ -160,7 +160,7 @@ func windowRows(t *testing.T, db *bolt.DB) []int64 {
 	t.Helper()
 	var starts []int64
 	err := db.View(func(tx *bolt.Tx) error {
-		return eachTimedEntry(tx.Bucket(bucketWindowGroups), func(start int64, _ groupEntry) error {
+		return eachTimedEntry(tx.Bucket(bucketWindowGroups), getU64(tx.Bucket(bucketMeta), keyGen), nil, func(start int64, _ groupEntry) error {
 			starts = append(starts, start)
 			return nil
 		})

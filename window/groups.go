@@ -65,6 +65,32 @@ func shardOf(dev string) uint16 {
 // noTimeKey marks the groups keyed by shard alone (devices).
 const noTimeKey = noTime
 
+// The lengths of a group key: time-led (windows, dedup) and devices'.
+const (
+	timedKeyLen  = 10
+	deviceKeyLen = 2
+)
+
+// groupBuckets are the group buckets by their index in a groupSweep.
+var groupBuckets = [...]struct {
+	name   []byte
+	keyLen int
+}{
+	sweepWindows: {bucketWindowGroups, timedKeyLen},
+	sweepDevices: {bucketDeviceGroups, deviceKeyLen},
+	sweepDedup:   {bucketDedupGroups, timedKeyLen},
+}
+
+const (
+	sweepWindows = iota
+	sweepDevices
+	sweepDedup
+)
+
+// groupSweep lists, per group bucket, the keys of group versions that no
+// longer serve (see slotted).
+type groupSweep [3][][]byte
+
 func appendGroupKey(k []byte, at int64, shard uint16) []byte {
 	if at != noTimeKey {
 		k = binary.BigEndian.AppendUint64(k, orderedInt(at))
@@ -74,16 +100,17 @@ func appendGroupKey(k []byte, at int64, shard uint16) []byte {
 
 // parseGroupKey parses a time-led group key.
 func parseGroupKey(k []byte) (at int64, shard uint16, err error) {
-	if len(k) != 10 {
+	if len(k) != timedKeyLen {
 		return 0, 0, fmt.Errorf("%w: group key %x", ErrCorruptState, k)
 	}
 	return fromOrdered(binary.BigEndian.Uint64(k)), binary.BigEndian.Uint16(k[8:]), nil
 }
 
-// eachTimedEntry calls fn with each entry of the time-led group bucket b
-// and its group's time, in key order.
-func eachTimedEntry(b *bolt.Bucket, fn func(at int64, en groupEntry) error) error {
-	return b.ForEach(func(k, v []byte) error {
+// eachTimedEntry calls fn with each entry of the current rows of the
+// time-led group bucket b and its group's time, in key order (see
+// eachGroup for committed and sweep).
+func eachTimedEntry(b *bolt.Bucket, committed uint64, sweep *[][]byte, fn func(at int64, en groupEntry) error) error {
+	return eachGroup(b, timedKeyLen, committed, sweep, func(k, v []byte) error {
 		at, _, err := parseGroupKey(k)
 		if err != nil {
 			return err
@@ -244,40 +271,161 @@ func deviceChanges(changes []rowChange, e *engine) []rowChange {
 	return changes
 }
 
-// writeGroups merges changes into their group rows. An entry both deleted
-// and put in one checkpoint (an expired device that came back) ends put:
-// the delete happened first.
-func writeGroups(b *bolt.Bucket, changes []rowChange, ar *boltkv.Arena) error {
+// writeGroups merges changes into their group rows as new versions of
+// generation gen (see slotted), through w's transactions. An entry both
+// deleted and put in one checkpoint (an expired device that came back)
+// ends put: the delete happened first. The keys of the versions that stop
+// serving once gen commits (every version of a group it deletes) are
+// appended to sweep.
+func writeGroups(w *chunkWriter, bucket []byte, fill float64, changes []rowChange, gen, committed uint64, sweep *[][]byte) error {
 	slices.SortFunc(changes, compareChanges)
 	var key, scratch []byte
 	for i := 0; i < len(changes); {
-		size := 0
+		size := binary.MaxVarintLen64
 		j := i
 		for ; j < len(changes) && changes[j].at == changes[i].at && changes[j].shard == changes[i].shard; j++ {
 			size += changes[j].maxSize()
 		}
 		key = appendGroupKey(key[:0], changes[i].at, changes[i].shard)
-		old := b.Get(key)
-		v := ar.Room(len(old) + size)
+		b := w.bucket(bucket, fill)
+		g, err := readGroup(b, key, committed)
+		if err != nil {
+			return err
+		}
+		old := g.row()
+		v := w.ar.Room(len(old) + size)
 		n := len(v)
-		var err error
+		v = binary.AppendUvarint(v, gen)
+		header := len(v)
 		v, scratch, err = mergeGroup(v, scratch, old, changes[i:j])
 		if err != nil {
 			return fmt.Errorf("group %x: %w", key, err)
 		}
-		switch {
-		case len(v) > n:
-			if err := b.Put(key, ar.Cut(v)); err != nil {
-				return fmt.Errorf("put group %x: %w", key, err)
-			}
-		case old != nil:
-			if err := b.Delete(key); err != nil {
-				return fmt.Errorf("delete group %x: %w", key, err)
+		i = j
+		deleted := len(v) == header
+		if deleted && old == nil {
+			continue // nothing stored, nothing to store
+		}
+		// The new version goes to the slot the current one is not in; a
+		// legacy row counts as slot 0. Superseded versions in neither go.
+		slot := byte(0)
+		if g.hasCur && g.cur.slot != 1 {
+			slot = 1
+		}
+		target := slotted(key, slot)
+		if deleted {
+			// Once gen commits, no version of the group serves. (Keys are
+			// copied before the writes below, which may move bbolt's.)
+			*sweep = append(*sweep, target)
+			if g.hasCur {
+				*sweep = append(*sweep, bytes.Clone(g.cur.key))
 			}
 		}
-		i = j
+		for _, k := range slices.Concat(g.older, g.garbage) {
+			if !bytes.Equal(k, target) {
+				if err := b.Delete(bytes.Clone(k)); err != nil {
+					return fmt.Errorf("delete group version %x: %w", k, err)
+				}
+			}
+		}
+		if err := b.Put(target, w.ar.Cut(v)); err != nil {
+			return fmt.Errorf("put group %x: %w", key, err)
+		}
+		if err := w.wrote(len(v) - n + len(target)); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// sweepGroups deletes the group versions listed by a committed
+// checkpoint or a load (see eachGroup); none of them changes what is
+// loaded.
+func sweepGroups(w *chunkWriter, bucket []byte, keys [][]byte) error {
+	for _, k := range keys {
+		if err := w.bucket(bucket, 0).Delete(k); err != nil {
+			return fmt.Errorf("sweep group version %x: %w", k, err)
+		}
+		if err := w.wrote(len(k)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// chunkWriter writes a checkpoint in transactions of about chunkBytes
+// each (see slotted): it commits the current one and begins the next when
+// that much was written, so a checkpoint holds at most about that many new
+// rows, and bbolt the pages they dirty, in memory at once.
+type chunkWriter struct {
+	db      *bolt.DB
+	tx      *bolt.Tx
+	ar      boltkv.Arena // the current transaction's values
+	written int
+	chunks  int
+}
+
+// chunkBytes bounds the rows one transaction of a checkpoint writes. It
+// is a variable only so tests can split small checkpoints.
+var chunkBytes = 1 << 20
+
+// afterChunk, if set (by tests), runs after each transaction of a
+// checkpoint but its last commits; an error fails the checkpoint there.
+var afterChunk func(chunk int) error
+
+func (w *chunkWriter) begin() error {
+	tx, err := w.db.Begin(true)
+	if err != nil {
+		return fmt.Errorf("begin state transaction: %w", err)
+	}
+	w.tx, w.written, w.ar = tx, 0, boltkv.Arena{}
+	w.chunks++
+	return nil
+}
+
+// bucket returns the current transaction's bucket name, its pages filled
+// to fill if that is not 0.
+func (w *chunkWriter) bucket(name []byte, fill float64) *bolt.Bucket {
+	b := w.tx.Bucket(name)
+	if fill != 0 {
+		b.FillPercent = fill
+	}
+	return b
+}
+
+// wrote counts n bytes written; past chunkBytes it commits the
+// transaction and begins the next.
+func (w *chunkWriter) wrote(n int) error {
+	w.written += n
+	if w.written < chunkBytes {
+		return nil
+	}
+	if err := w.commit(); err != nil {
+		return err
+	}
+	if afterChunk != nil {
+		if err := afterChunk(w.chunks); err != nil {
+			return err
+		}
+	}
+	return w.begin()
+}
+
+func (w *chunkWriter) commit() error {
+	tx := w.tx
+	w.tx = nil
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit state transaction: %w", err)
+	}
+	return nil
+}
+
+// abort rolls back the open transaction, if any.
+func (w *chunkWriter) abort() {
+	if w.tx != nil {
+		_ = w.tx.Rollback() // its effects are dropped either way
+		w.tx = nil
+	}
 }
 
 // mergeGroup appends to out the entries of the stored row old with the
@@ -401,6 +549,139 @@ func migrateBucket(tx *bolt.Tx, l rowLayout) error {
 	}
 	if err := tx.DeleteBucket(l.old); err != nil {
 		return fmt.Errorf("drop the old bucket: %w", err)
+	}
+	return nil
+}
+
+// Checkpoint generations. A checkpoint is written in several bbolt
+// transactions (chunks), so that it never holds more than about
+// chunkBytes of new rows and bbolt's dirty pages in memory at once;
+// only its last transaction, with the offset, the batch's outputs and
+// the generation number, makes it count. Until then its rows must not
+// change what a restart loads: a group row is stored in one of two slots,
+// key | slot (0 or 1), its value the uvarint generation of the checkpoint
+// that wrote it, then the row. A group's current row is the version of the
+// highest generation at or below the committed one (meta "gen"); a new
+// version goes to the other slot, so the current one survives a crash
+// until the generation commits. An empty row is a deletion: it stays until
+// its generation commits and is then removed with the older slot (sweep).
+// Versions above the committed generation are left by an interrupted
+// checkpoint; loading lists them to sweep before the next one, which
+// reuses that generation number.
+//
+// A key without a slot byte is a row of the layout before generations:
+// generation 0, and slot 0's place, so it is replaced as slot 0 is.
+
+// slotted returns k's slot key.
+func slotted(k []byte, slot byte) []byte { return append(k[:len(k):len(k)], slot) }
+
+// groupVersion is one stored version of a group row.
+type groupVersion struct {
+	key  []byte
+	gen  uint64
+	row  []byte
+	slot int // 0, 1, or legacySlot
+}
+
+const legacySlot = -1
+
+// parseVersion reads the version stored under key (a group key plus
+// slot, or a legacy group key of length base).
+func parseVersion(key, v []byte, base int) (groupVersion, error) {
+	switch len(key) {
+	case base:
+		return groupVersion{key: key, row: v, slot: legacySlot}, nil
+	case base + 1:
+		gen, n := binary.Uvarint(v)
+		if n <= 0 || key[base] > 1 {
+			return groupVersion{}, fmt.Errorf("%w: group version %x", ErrCorruptState, key)
+		}
+		return groupVersion{key: key, gen: gen, row: v[n:], slot: int(key[base])}, nil
+	}
+	return groupVersion{}, fmt.Errorf("%w: group key %x", ErrCorruptState, key)
+}
+
+// groupVersions gathers the versions of one group: the current one, and
+// the keys of the others.
+type groupVersions struct {
+	cur     groupVersion
+	hasCur  bool
+	garbage [][]byte // above the committed generation
+	older   [][]byte // committed, superseded by cur
+}
+
+func (g *groupVersions) add(v groupVersion, committed uint64) {
+	switch {
+	case v.gen > committed:
+		g.garbage = append(g.garbage, v.key)
+	case !g.hasCur:
+		g.cur, g.hasCur = v, true
+	case v.gen > g.cur.gen:
+		g.older = append(g.older, g.cur.key)
+		g.cur = v
+	default:
+		g.older = append(g.older, v.key)
+	}
+}
+
+// row returns the current row, nil if none or deleted.
+func (g *groupVersions) row() []byte {
+	if !g.hasCur || len(g.cur.row) == 0 {
+		return nil
+	}
+	return g.cur.row
+}
+
+// readGroup returns the versions of the group keyed k (base bytes long).
+func readGroup(b *bolt.Bucket, k []byte, committed uint64) (groupVersions, error) {
+	var g groupVersions
+	c := b.Cursor()
+	for key, v := c.Seek(k); key != nil && bytes.HasPrefix(key, k); key, v = c.Next() {
+		ver, err := parseVersion(key, v, len(k))
+		if err != nil {
+			return g, err
+		}
+		g.add(ver, committed)
+	}
+	return g, nil
+}
+
+// eachGroup calls fn with each group's key and current row, in key order,
+// skipping deleted groups. With sweep set, it appends the keys that no
+// longer serve (versions above the committed generation, and every version
+// of a deleted group) to it, for sweepKeys.
+func eachGroup(b *bolt.Bucket, base int, committed uint64, sweep *[][]byte, fn func(k, row []byte) error) error {
+	c := b.Cursor()
+	key, v := c.First()
+	for key != nil {
+		if len(key) < base {
+			return fmt.Errorf("%w: group key %x", ErrCorruptState, key)
+		}
+		group := key[:base]
+		var g groupVersions
+		for ; key != nil && len(key) >= base && bytes.Equal(key[:base], group); key, v = c.Next() {
+			ver, err := parseVersion(key, v, base)
+			if err != nil {
+				return err
+			}
+			g.add(ver, committed)
+		}
+		if sweep != nil {
+			for _, k := range g.garbage {
+				*sweep = append(*sweep, bytes.Clone(k))
+			}
+			if g.hasCur && len(g.cur.row) == 0 {
+				*sweep = append(*sweep, bytes.Clone(g.cur.key))
+				for _, k := range g.older {
+					*sweep = append(*sweep, bytes.Clone(k))
+				}
+			}
+		}
+		if row := g.row(); row != nil {
+			if err := fn(group, row); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }

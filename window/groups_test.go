@@ -28,9 +28,14 @@ func toRowPerEntry(t *testing.T, db *bolt.DB) (rows map[string]int) {
 			if err != nil {
 				return err
 			}
-			err = tx.Bucket(l.groups).ForEach(func(k, v []byte) error {
+			keyLen := timedKeyLen
+			if bytes.Equal(l.groups, bucketDeviceGroups) {
+				keyLen = deviceKeyLen
+			}
+			gen := getU64(tx.Bucket(bucketMeta), keyGen)
+			err = eachGroup(tx.Bucket(l.groups), keyLen, gen, nil, func(k, v []byte) error {
 				var key []byte
-				if len(k) == 10 {
+				if len(k) == timedKeyLen {
 					at, _, err := parseGroupKey(k)
 					if err != nil {
 						return err

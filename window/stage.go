@@ -34,7 +34,9 @@ type Stage struct {
 	// checkpointOffset the Bronze sequence it covers.
 	checkpointAt     time.Time
 	checkpointOffset uint64
-	blocked          bool
+	// sweep are the group versions the next checkpoint deletes.
+	sweep   groupSweep
+	blocked bool
 	// stale is set when a failed batch could not be rolled back (its
 	// reload failed): the engine holds the batch's effects, which were not
 	// committed, so nothing may run on it or checkpoint it until a reload
@@ -239,11 +241,12 @@ func (s *Stage) fresh() error {
 // commit it discards the batch that was not written.
 func (s *Stage) reload() error {
 	err := s.db.View(func(tx *bolt.Tx) error {
-		e, err := loadEngine(tx, &s.cfg, s.loadWindow, s.loadDedup)
+		var sweep groupSweep
+		e, err := loadEngine(tx, &s.cfg, s.loadWindow, s.loadDedup, &sweep)
 		if err != nil {
 			return err
 		}
-		s.eng = e
+		s.eng, s.sweep = e, sweep
 		s.checkpointOffset = e.offset
 		return nil
 	})
@@ -286,7 +289,11 @@ func (s *Stage) loadDedup(dev string, end int64) ([]uint64, error) {
 // group row of bucket at time at, inside the read transaction.
 func (s *Stage) readEntry(bucket []byte, at int64, dev, metric string, decode func([]byte) error) error {
 	return s.db.View(func(tx *bolt.Tx) error {
-		payload, err := findEntry(tx.Bucket(bucket).Get(appendGroupKey(nil, at, shardOf(dev))), dev, metric)
+		g, err := readGroup(tx.Bucket(bucket), appendGroupKey(nil, at, shardOf(dev)), s.eng.gen)
+		if err != nil {
+			return err
+		}
+		payload, err := findEntry(g.row(), dev, metric)
 		if err != nil {
 			return err
 		}
@@ -428,15 +435,12 @@ func (s *Stage) commit(checkpoint bool) error {
 		// no cycle marks it (see collectAround).
 		runtime.GC()
 	}
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		if err := s.writeOutputs(tx); err != nil {
-			return err
-		}
-		if checkpoint {
-			return writeCheckpoint(tx, e)
-		}
-		return nil
-	})
+	var err error
+	if checkpoint {
+		err = s.writeCheckpoint()
+	} else {
+		err = s.db.Update(s.writeOutputs)
+	}
 	if err != nil {
 		if rerr := s.rollback(); rerr != nil {
 			return fmt.Errorf("commit window batch: %w (and %v)", err, rerr)
@@ -465,6 +469,29 @@ func (s *Stage) commit(checkpoint bool) error {
 			runtime.GC()
 		}
 	}
+	return nil
+}
+
+// writeCheckpoint writes the batch's outputs and the state delta as the
+// next generation, in transactions of about chunkBytes (see slotted).
+func (s *Stage) writeCheckpoint() error {
+	w := &chunkWriter{db: s.db}
+	if err := w.begin(); err != nil {
+		return err
+	}
+	defer w.abort()
+	sweep, err := writeCheckpoint(w, s.eng, &s.sweep)
+	if err != nil {
+		return err
+	}
+	if err := s.writeOutputs(w.tx); err != nil {
+		return err
+	}
+	if err := w.commit(); err != nil {
+		return err
+	}
+	s.sweep = sweep
+	s.eng.gen++
 	return nil
 }
 

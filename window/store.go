@@ -49,6 +49,7 @@ var (
 	keyRevBase     = []byte("base")
 	keyProgress    = []byte("progress")
 	keyBehaviour   = []byte("behaviour")
+	keyGen         = []byte("gen")
 )
 
 func createBuckets(tx *bolt.Tx) error {
@@ -310,11 +311,15 @@ func checkFingerprint(tx *bolt.Tx, cfg *Config) error {
 // loadEngine builds an engine from the stored state. With a load hook,
 // emitted windows without pending changes stay on disk, registered as
 // evicted: most are never touched again.
+//
+// The group versions that no longer serve (see slotted) are listed in
+// sweep, for the next checkpoint to delete.
 func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start int64) (*window, error),
-	loadDedup func(dev string, end int64) ([]uint64, error)) (*engine, error) {
+	loadDedup func(dev string, end int64) ([]uint64, error), sweep *groupSweep) (*engine, error) {
 	e := newEngine(cfg)
 	e.load, e.loadDedup = load, loadDedup
 	m := tx.Bucket(bucketMeta)
+	e.gen = getU64(m, keyGen)
 	e.offset = getU64(m, keyOffset)
 	e.clock = int64(getU64(m, keyClock))
 	if v := m.Get(keyCounters); v != nil {
@@ -337,7 +342,7 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 		e.revBase = max(e.revBase, e.highRev)
 	}
 	var devs []*device
-	err := tx.Bucket(bucketDeviceGroups).ForEach(func(_, v []byte) error {
+	err := eachGroup(tx.Bucket(bucketDeviceGroups), deviceKeyLen, e.gen, &sweep[sweepDevices], func(_, v []byte) error {
 		return eachEntry(v, func(en groupEntry) error {
 			name := string(en.dev)
 			d := &device{name: name, nextEmit: endless, nextPrune: endless, shard: shardOf(name)}
@@ -352,7 +357,7 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 	if err != nil {
 		return nil, err
 	}
-	err = eachTimedEntry(tx.Bucket(bucketWindowGroups), func(start int64, en groupEntry) error {
+	err = eachTimedEntry(tx.Bucket(bucketWindowGroups), e.gen, &sweep[sweepWindows], func(start int64, en groupEntry) error {
 		d := e.devices[string(en.dev)]
 		if d == nil {
 			return fmt.Errorf("%w: window of unknown device %q", ErrCorruptState, en.dev)
@@ -385,7 +390,7 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 	if err != nil {
 		return nil, err
 	}
-	err = eachTimedEntry(tx.Bucket(bucketDedupGroups), func(le int64, en groupEntry) error {
+	err = eachTimedEntry(tx.Bucket(bucketDedupGroups), e.gen, &sweep[sweepDedup], func(le int64, en groupEntry) error {
 		d := e.devices[string(en.dev)]
 		if d == nil {
 			return fmt.Errorf("%w: dedup group of unknown device %q", ErrCorruptState, en.dev)
@@ -480,19 +485,53 @@ func (s *Stage) writeOutputs(tx *bolt.Tx) error {
 	return nil
 }
 
-// writeCheckpoint writes the state delta since the last checkpoint, with
-// the offset, clock and counters it corresponds to. A restart loads this
-// state and replays Bronze after its offset.
-func writeCheckpoint(tx *bolt.Tx, e *engine) error {
+// writeCheckpoint writes the state delta since the last checkpoint as
+// generation e.gen+1 through w, whose open transaction must then commit
+// for it to count (see slotted), with the offset, clock and counters it
+// corresponds to. A restart loads this state and replays Bronze after its
+// offset. It first deletes the group versions in sweep, and returns those
+// that stop serving once it commits.
+func writeCheckpoint(w *chunkWriter, e *engine, sweep *groupSweep) (groupSweep, error) {
+	for i, keys := range sweep {
+		if err := sweepGroups(w, groupBuckets[i].name, keys); err != nil {
+			return groupSweep{}, err
+		}
+	}
+	gen := e.gen + 1
+	var next groupSweep
+	// Time-led group keys come in key order, so most inserts extend a run
+	// of keys: bbolt's default half-full splits would leave twice the pages
+	// to write now and to hold in memory whenever a later checkpoint
+	// touches them. Windows go first: theirs is the largest array of
+	// changes, which the others then reuse (a load-mode checkpoint's three
+	// arrays took 7 MB together).
+	changes := windowChanges(nil, e)
+	if err := writeGroups(w, bucketWindowGroups, stateFill, changes, gen, e.gen, &next[sweepWindows]); err != nil {
+		return groupSweep{}, err
+	}
+	changes = deviceChanges(changes[:0], e)
+	if err := writeGroups(w, bucketDeviceGroups, 0, changes, gen, e.gen, &next[sweepDevices]); err != nil {
+		return groupSweep{}, err
+	}
+	if err := writeGroups(w, bucketDedupGroups, stateFill, dedupChanges(changes[:0], e), gen, e.gen, &next[sweepDedup]); err != nil {
+		return groupSweep{}, err
+	}
+
+	// The rest is small and goes in the last transaction, which makes the
+	// generation count.
+	tx := w.tx
 	m := tx.Bucket(bucketMeta)
+	if err := putU64(m, keyGen, gen); err != nil {
+		return groupSweep{}, err
+	}
 	if err := putU64(m, keyOffset, e.offset); err != nil {
-		return err
+		return groupSweep{}, err
 	}
 	if err := putU64(m, keyClock, uint64(e.clock)); err != nil {
-		return err
+		return groupSweep{}, err
 	}
 	if err := m.Put(keyCounters, appendCounters(nil, &e.c)); err != nil {
-		return fmt.Errorf("put counters: %w", err)
+		return groupSweep{}, fmt.Errorf("put counters: %w", err)
 	}
 	// The settings the outputs from here on are decided under — only once
 	// a catch-up is done: a checkpoint in its middle (shutdown, a large
@@ -501,50 +540,26 @@ func writeCheckpoint(tx *bolt.Tx, e *engine) error {
 	// the revision floor a deferred catch-up may have raised.
 	if e.offset >= e.suppressThrough {
 		if err := m.Put(keyBehaviour, e.cfg.behaviour()); err != nil {
-			return fmt.Errorf("put behaviour: %w", err)
+			return groupSweep{}, fmt.Errorf("put behaviour: %w", err)
 		}
 	}
 	if err := putU64(tx.Bucket(bucketRevs), keyRevBase, uint64(e.revBase)); err != nil {
-		return err
+		return groupSweep{}, err
 	}
-	// bbolt keeps each value until the commit: values are cut from the
-	// arena. Time-led group keys come in key order, so most inserts extend
-	// a run of keys: bbolt's default half-full splits would leave twice
-	// the pages to write now and to hold in memory whenever a later
-	// checkpoint touches them. Windows go first: theirs is the largest
-	// array of changes, which the others then reuse (a load-mode
-	// checkpoint's three arrays took 7 MB together).
-	var ar boltkv.Arena
-	wins := tx.Bucket(bucketWindowGroups)
-	wins.FillPercent = stateFill
-	changes := windowChanges(nil, e)
-	if err := writeGroups(wins, changes, &ar); err != nil {
-		return err
-	}
-	changes = deviceChanges(changes[:0], e)
-	if err := writeGroups(tx.Bucket(bucketDeviceGroups), changes, &ar); err != nil {
-		return err
-	}
-	dd := tx.Bucket(bucketDedupGroups)
-	dd.FillPercent = stateFill
-	if err := writeGroups(dd, dedupChanges(changes[:0], e), &ar); err != nil {
-		return err
-	}
-
 	tb := tx.Bucket(bucketTombstones)
 	for _, name := range e.tombDel {
 		if err := tb.Delete([]byte(name)); err != nil {
-			return fmt.Errorf("delete tombstone: %w", err)
+			return groupSweep{}, fmt.Errorf("delete tombstone: %w", err)
 		}
 	}
 	for _, name := range e.tombPut {
 		if h, ok := e.tombstones[name]; ok {
 			if err := tb.Put([]byte(name), binary.AppendVarint(nil, h)); err != nil {
-				return fmt.Errorf("put tombstone: %w", err)
+				return groupSweep{}, fmt.Errorf("put tombstone: %w", err)
 			}
 		}
 	}
-	return nil
+	return next, nil
 }
 
 func encodeAggregate(a *wire.Aggregate) ([]byte, error) {

@@ -1,0 +1,212 @@
+package window
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/edgeagent/edgeagent/buffer"
+)
+
+// withChunkBytes splits the test's checkpoints into transactions of about
+// n bytes.
+func withChunkBytes(t *testing.T, n int) {
+	old := chunkBytes
+	chunkBytes = n
+	t.Cleanup(func() { chunkBytes = old })
+}
+
+// versionCounts are the stored versions of a state database's groups.
+type versionCounts struct {
+	groups   int // with a current row
+	versions int // stored keys
+	garbage  int // versions above the committed generation
+	deleted  int // versions of groups whose current version is a deletion
+}
+
+func countVersions(t *testing.T, db *bolt.DB) versionCounts {
+	t.Helper()
+	var n versionCounts
+	err := db.View(func(tx *bolt.Tx) error {
+		gen := getU64(tx.Bucket(bucketMeta), keyGen)
+		for _, gb := range groupBuckets {
+			b := tx.Bucket(gb.name)
+			n.versions += b.Stats().KeyN
+			var sweep [][]byte
+			err := eachGroup(b, gb.keyLen, gen, &sweep, func(k, row []byte) error {
+				n.groups++
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			for _, k := range sweep {
+				v, err := parseVersion(k, b.Get(k), gb.keyLen)
+				if err != nil {
+					return err
+				}
+				if v.gen > gen {
+					n.garbage++
+				} else {
+					n.deleted++
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestInterruptedCheckpoints: a checkpoint is written in several
+// transactions and counts only once its last commits. Checkpoints that
+// fail after some of their transactions committed — followed by the
+// stage's own reload, or by a restart on the same files, as after a crash
+// — leave the outputs byte for byte those of a run without checkpoints,
+// and their left-over versions are swept.
+func TestInterruptedCheckpoints(t *testing.T) {
+	withShards(t, 2) // several devices a group
+	withChunkBytes(t, 64)
+	cfg := testConfig(t)
+	cfg.AllowedLateness = 10 * time.Minute
+	dir := t.TempDir()
+	bronzePath := filepath.Join(dir, "bronze.db")
+	br := openBronze(t, bronzePath)
+	appendAll(t, br, genStream(41, cfg, genOpts{devices: 6, duration: 90 * time.Minute, period: 20 * time.Second,
+		dupRate: 0.1, noIDRate: 0.2, lateRate: 0.1, backlog: 1, grid: time.Second}))
+	br.Close()
+
+	ref := cfg
+	checkpointNever(&ref)
+	want := runEvicting(t, bronzePath, filepath.Join(dir, "reference.db"), ref, false)
+
+	errCrash := errors.New("crash between a checkpoint's transactions")
+	for _, restart := range []bool{false, true} {
+		t.Run(fmt.Sprintf("restart=%v", restart), func(t *testing.T) {
+			br, err := buffer.Open(bronzePath, buffer.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer br.Close()
+			db := openDB(t, filepath.Join(dir, fmt.Sprintf("state-%v.db", restart)), true)
+			cfg := cfg
+			cfg.MaxRecordsPerBatch = 13
+			checkpointEveryBatch(&cfg)
+			rng := rand.New(rand.NewPCG(5, 5))
+			var failures, leftOver, chunks, swept int
+			afterChunk = func(chunk int) error {
+				chunks++
+				if rng.IntN(8) == 0 {
+					failures++
+					return errCrash
+				}
+				return nil
+			}
+			defer func() { afterChunk = nil }()
+			s, err := New(db, br, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for steps := 0; ; steps++ {
+				if steps > 100_000 {
+					t.Fatal("the stage never finished")
+				}
+				res, err := s.Step()
+				if errors.Is(err, errCrash) {
+					if n := countVersions(t, db); n.garbage > 0 {
+						leftOver++ // (a failure after a sweep-only transaction leaves none)
+					}
+					if restart {
+						if s, err = New(db, br, cfg); err != nil {
+							t.Fatal(err)
+						}
+					}
+					for _, keys := range s.sweep {
+						swept += len(keys)
+					}
+					continue
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n := countVersions(t, db); n.garbage != 0 {
+					t.Fatalf("after a checkpoint: %d versions above the committed generation", n.garbage)
+				}
+				if res.Records == 0 {
+					break
+				}
+			}
+			if failures < 10 || leftOver < 5 || swept == 0 {
+				t.Fatalf("%d checkpoints failed, %d leaving versions, %d versions swept: the test exercises little", failures, leftOver, swept)
+			}
+			afterChunk = nil
+			if err := s.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			got, _ := outputBytes(t, db)
+			if !bytes.Equal(got, want.out) {
+				t.Fatalf("outputs differ from the run without checkpoints\n%s", firstDiff(got, want.out))
+			}
+			// Deleted groups go at the checkpoint after the one that deleted
+			// them; versions never pile up beyond two a group.
+			if err := s.Checkpoint(); err != nil {
+				t.Fatal(err)
+			}
+			n := countVersions(t, db)
+			if n.garbage != 0 || n.versions > 2*n.groups+n.deleted {
+				t.Fatalf("versions after the run: %+v", n)
+			}
+			t.Logf("%d failures in %d transactions (%d leaving versions), %d versions swept; at the end %+v", failures, chunks, leftOver, swept, n)
+		})
+	}
+}
+
+// TestCheckpointSweepsDeletedGroups: windows pruned past the lateness
+// horizon delete their groups; the versions that recorded the deletion
+// are gone after the next checkpoint, so a long run keeps no trace of
+// old groups.
+func TestCheckpointSweepsDeletedGroups(t *testing.T) {
+	cfg := testConfig(t)
+	checkpointEveryBatch(&cfg)
+	cfg.MaxRecordsPerBatch = 20
+	db, br := openDB(t, "", true), openBronze(t, "")
+	appendAll(t, br, genStream(3, cfg, genOpts{devices: 4, duration: 60 * time.Minute, period: 10 * time.Second}))
+	s, err := New(db, br, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	maxDeleted := 0
+	for {
+		res, err := s.Step()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := countVersions(t, db)
+		pending := 0
+		for _, keys := range s.sweep {
+			pending += len(keys)
+		}
+		if n.deleted > pending {
+			t.Fatalf("%d versions of deleted groups stored, %d listed to sweep", n.deleted, pending)
+		}
+		maxDeleted = max(maxDeleted, n.deleted)
+		if res.Records == 0 {
+			break
+		}
+	}
+	if maxDeleted == 0 {
+		t.Fatal("no group was deleted: the test exercises nothing")
+	}
+	n := countVersions(t, db)
+	if n.versions > 2*n.groups+n.deleted {
+		t.Fatalf("versions pile up: %+v", n)
+	}
+}
