@@ -65,17 +65,12 @@ type series struct {
 	dev     *device
 	name    string
 	windows []*window
-	// evicted are the starts, ascending, of emitted windows without
-	// pending changes whose state is only in the state database: late data
-	// is rare, so a window waiting out its lateness costs 8 bytes here
-	// instead of a *window (see engine.evict).
-	evicted  []int64
+	// evicted are the starts of emitted windows without pending changes
+	// whose state is only in the state database: late data is rare, so a
+	// window waiting out its lateness costs a bit here instead of a
+	// *window (see engine.evict).
+	evicted  startSet
 	evicting bool // queued in engine.evict
-}
-
-// evictedAt returns the index of start in s.evicted.
-func (s *series) evictedAt(start int64) (int, bool) {
-	return slices.BinarySearch(s.evicted, start)
 }
 
 func (s *series) find(start int64) *window {
@@ -550,8 +545,8 @@ func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string)
 			}
 			w := ser.find(s)
 			if w == nil {
-				if i, ok := ser.evictedAt(s); ok {
-					if w = e.restore(ser, i); w == nil {
+				if ser.evicted.has(s, e.slideMs) {
+					if w = e.restore(ser, s); w == nil {
 						return // the Step fails and reloads the state
 					}
 				} else {
@@ -636,11 +631,10 @@ func (e *engine) readDedup(dev *device, end int64) ([]uint64, bool) {
 	return ids, true
 }
 
-// restore reads the evicted window at ser.evicted[i] back into memory,
-// where it then changes like any other. On failure it records the error in
+// restore reads the evicted window at start back into memory, where it
+// then changes like any other. On failure it records the error in
 // e.loadErr and returns nil.
-func (e *engine) restore(ser *series, i int) *window {
-	start := ser.evicted[i]
+func (e *engine) restore(ser *series, start int64) *window {
 	w, err := e.load(ser.dev.name, ser.name, start)
 	if err == nil && (!w.emitted || w.pending) {
 		// Only emitted windows without pending changes are evicted.
@@ -651,7 +645,7 @@ func (e *engine) restore(ser *series, i int) *window {
 		return nil
 	}
 	w.ser, w.start, w.dirty, w.dead = ser, start, false, false
-	ser.evicted = slices.Delete(ser.evicted, i, i+1)
+	ser.evicted.remove(start, e.slideMs)
 	ser.windows = append(ser.windows, w)
 	e.nEvicted--
 	e.loads++
@@ -678,6 +672,11 @@ func (e *engine) scanDevice(dev *device, wm int64) {
 // device's next due points.
 func (e *engine) pruneDevice(dev *device) {
 	dev.nextEmit, dev.nextPrune = endless, endless
+	// Windows starting at or before finalStarts are final (end <= finalBefore).
+	finalStarts := int64(noTime)
+	if dev.finalBefore > noTime+e.sizeMs {
+		finalStarts = dev.finalBefore - e.sizeMs
+	}
 	kept := dev.series[:0]
 	for _, ser := range dev.series {
 		ws := ser.windows
@@ -702,21 +701,15 @@ func (e *engine) pruneDevice(dev *device) {
 		ser.windows = ws
 		// Evicted windows are emitted and clean: final ones go, the
 		// oldest of the rest is the series' next prune point.
-		ev := ser.evicted
-		k := 0
-		for k < len(ev) && ev[k]+e.sizeMs <= dev.finalBefore {
-			e.delWins = append(e.delWins, winRef{ev[k], dev.name, ser.name})
-			k++
+		k := ser.evicted.dropThrough(finalStarts, e.slideMs, func(start int64) {
+			e.delWins = append(e.delWins, winRef{start, dev.name, ser.name})
+		})
+		e.nWindows -= k
+		e.nEvicted -= k
+		if ser.evicted.len() > 0 {
+			dev.nextPrune = min(dev.nextPrune, ser.evicted.first(e.slideMs)+e.sizeMs)
 		}
-		if k > 0 {
-			ser.evicted = slices.Delete(ev, 0, k)
-			e.nWindows -= k
-			e.nEvicted -= k
-		}
-		if len(ser.evicted) > 0 {
-			dev.nextPrune = min(dev.nextPrune, ser.evicted[0]+e.sizeMs)
-		}
-		if len(ws) > 0 || len(ser.evicted) > 0 {
+		if len(ws) > 0 || ser.evicted.len() > 0 {
 			kept = append(kept, ser)
 		}
 	}
@@ -878,8 +871,8 @@ func (e *engine) expire(d *device) {
 			}
 			horizon = max(horizon, w.start+e.sizeMs)
 		}
-		if n := len(ser.evicted); n > 0 {
-			horizon = max(horizon, ser.evicted[n-1]+e.sizeMs)
+		if ser.evicted.len() > 0 {
+			horizon = max(horizon, ser.evicted.last(e.slideMs)+e.sizeMs)
 		}
 	}
 	e.emitSorted(due)
@@ -887,12 +880,11 @@ func (e *engine) expire(d *device) {
 		for _, w := range ser.windows {
 			e.dropWindow(w)
 		}
-		for _, start := range ser.evicted {
+		n := ser.evicted.dropThrough(endless, e.slideMs, func(start int64) {
 			e.delWins = append(e.delWins, winRef{start, d.name, ser.name})
-		}
-		e.nWindows -= len(ser.evicted)
-		e.nEvicted -= len(ser.evicted)
-		ser.evicted = nil
+		})
+		e.nWindows -= n
+		e.nEvicted -= n
 	}
 	e.pruneDedup(d, endless)
 	d.list.remove(d)
@@ -1012,20 +1004,14 @@ func (e *engine) evict() {
 	}
 	for _, ser := range sers {
 		ser.evicting = false
-		n := len(ser.evicted)
 		ser.windows = slices.DeleteFunc(ser.windows, func(w *window) bool {
 			if w.emitted && !w.pending {
-				ser.evicted = append(ser.evicted, w.start)
+				ser.evicted.add(w.start, e.slideMs)
+				e.nEvicted++
 				return true
 			}
 			return false
 		})
-		if added := len(ser.evicted) - n; added > 0 {
-			e.nEvicted += added
-			if !slices.IsSorted(ser.evicted) {
-				slices.Sort(ser.evicted)
-			}
-		}
 		if len(ser.windows) == 0 {
 			ser.windows = nil // let a series of evicted windows hold no pointer slots
 		}

@@ -99,12 +99,17 @@ func TestEvictionKeepsOutputs(t *testing.T) {
 	hopping := testConfig(t)
 	hopping.Slide = 20 * time.Second
 	hopping.AllowedLateness = 3 * time.Minute
+	// Evicted starts spanning more than 64 slides (startSet's slice).
+	wide := testConfig(t)
+	wide.Size, wide.Slide = 10*time.Second, 10*time.Second
+	wide.AllowedLateness = 20 * time.Minute
 	for _, tc := range []struct {
 		name   string
 		cfg    Config
 		shards uint32
 	}{{"tumbling", tumbling, 0}, {"lateness10m", longLate, 0}, {"hopping", hopping, 0},
-		{"tumbling-groups-of-several-devices", tumbling, 2}, {"hopping-groups-of-several-devices", hopping, 2}} {
+		{"tumbling-groups-of-several-devices", tumbling, 2}, {"hopping-groups-of-several-devices", hopping, 2},
+		{"lateness-of-120-slides", wide, 0}} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.shards > 0 {
 				withShards(t, tc.shards)

@@ -373,8 +373,7 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 		}
 		e.nWindows++
 		if load != nil && w.emitted && !w.pending {
-			// Keys lead with the start, so a series' starts come ascending.
-			ser.evicted = append(ser.evicted, start)
+			ser.evicted.add(start, e.slideMs)
 			e.nEvicted++
 			return nil
 		}
