@@ -84,15 +84,13 @@ func (s *series) find(start int64) *window {
 
 // device is the per-device state: watermark, lateness horizon, dedup set.
 type device struct {
-	name   string
-	hasMax bool
-	maxT   int64 // max event time, unix ms
+	name string
+	maxT int64 // max event time, unix ms
 	// finalBefore is the lateness horizon: windows ending at or before it
 	// are final (late data goes to the late table). It only grows, so a
 	// config change to delay or lateness can never revive a pruned window.
 	finalBefore int64
 	lastSeen    int64 // logged clock (unix ns) of the last new reading
-	idle        bool  // idle-closed: in the idle list
 	// series are the device's metrics in state, in no order: a slice,
 	// since a device has a handful and a map costs ~300 bytes a device.
 	series []*series
@@ -103,9 +101,14 @@ type device struct {
 	nextPrune  int64 // min end of emitted windows without pending changes
 	prev, next *device
 	list       *devList
-	dirty      bool
-	dead       bool
-	shard      uint16 // of its state group rows: shardOf(name)
+	// The small fields last and together: a device is one of the largest
+	// populations in memory (10,000 in load mode), and this keeps it in the
+	// 320-byte size class instead of 352.
+	shard  uint16 // of its state group rows: shardOf(name)
+	hasMax bool
+	idle   bool // idle-closed: in the idle list
+	dirty  bool
+	dead   bool
 }
 
 // seriesOf returns the device's series of metric name, or nil.
