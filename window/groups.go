@@ -162,46 +162,89 @@ type winRef struct {
 	dev, metric string
 }
 
-// rowChange is one entry a checkpoint puts (w, g or d set) or deletes.
+// rowChange is one entry a checkpoint puts or deletes. It names its entry
+// through ref rather than holding the names: a load-mode checkpoint has
+// about 100,000 changes, and at 72 bytes each (two strings and three
+// pointers) their array alone was 7 MB.
 type rowChange struct {
-	at          int64 // window start, dedup group end, or noTimeKey
-	shard       uint16
-	dev, metric string
-	w           *window
-	g           *dedupIDs
-	d           *device
+	at    int64 // window start, dedup group end, or noTimeKey
+	shard uint16
+	kind  changeKind
+	ref   any // see changeKind
 }
 
-func (c *rowChange) put() bool { return c.w != nil || c.g != nil || c.d != nil }
+// changeKind says what a rowChange does, and what its ref is.
+type changeKind uint8
+
+const (
+	putWindow changeKind = iota // ref *window
+	delWindow                   // ref *winRef
+	putDedup                    // ref *device: its group ending at at
+	delDedup                    // ref *device
+	putDevice                   // ref *device
+	delDevice                   // ref *string: the device's name
+)
+
+func (c *rowChange) put() bool {
+	return c.kind == putWindow || c.kind == putDedup || c.kind == putDevice
+}
+
+// names returns the device and metric of the change's entry.
+func (c *rowChange) names() (dev, metric string) {
+	switch r := c.ref.(type) {
+	case *window:
+		return r.ser.dev.name, r.ser.name
+	case *winRef:
+		return r.dev, r.metric
+	case *device:
+		return r.name, ""
+	case *string:
+		return *r, ""
+	}
+	panic(fmt.Sprintf("window: row change of %T", c.ref))
+}
+
+// dedupGroup returns the dedup group a putDedup change writes.
+func (c *rowChange) dedupGroup() *dedupIDs {
+	groups := c.ref.(*device).dedup.groups
+	i, ok := slices.BinarySearchFunc(groups, c.at, func(g dedupIDs, end int64) int { return cmp.Compare(g.end, end) })
+	if !ok {
+		panic(fmt.Sprintf("window: no dedup group ending at %d", c.at))
+	}
+	return &groups[i]
+}
 
 // maxSize bounds the change's entry.
 func (c *rowChange) maxSize() int {
-	n := 3*binary.MaxVarintLen32 + len(c.dev) + len(c.metric)
-	switch {
-	case c.w != nil:
+	dev, metric := c.names()
+	n := 3*binary.MaxVarintLen32 + len(dev) + len(metric)
+	switch c.kind {
+	case putWindow:
 		n += maxWindowBytes
-	case c.g != nil:
-		n += 8 * len(c.g.ids)
-	case c.d != nil:
+	case putDedup:
+		n += 8 * len(c.dedupGroup().ids)
+	case putDevice:
 		n += maxDeviceBytes
 	}
 	return n
 }
 
-// appendEntry appends the change's entry; scratch holds its payload.
+// appendEntry appends the change's entry (a put's); scratch holds its
+// payload.
 func (c *rowChange) appendEntry(b, scratch []byte) ([]byte, []byte) {
-	switch {
-	case c.w != nil:
-		scratch = appendWindow(scratch[:0], c.w)
-	case c.g != nil:
+	switch c.kind {
+	case putWindow:
+		scratch = appendWindow(scratch[:0], c.ref.(*window))
+	case putDedup:
 		scratch = scratch[:0]
-		for _, id := range c.g.ids {
+		for _, id := range c.dedupGroup().ids {
 			scratch = binary.BigEndian.AppendUint64(scratch, id)
 		}
 	default:
-		scratch = appendDevice(scratch[:0], c.d)
+		scratch = appendDevice(scratch[:0], c.ref.(*device))
 	}
-	return appendEntry(b, c.dev, c.metric, scratch), scratch
+	dev, metric := c.names()
+	return appendEntry(b, dev, metric, scratch), scratch
 }
 
 func compareChanges(a, b rowChange) int {
@@ -211,7 +254,9 @@ func compareChanges(a, b rowChange) int {
 	if c := cmp.Compare(a.shard, b.shard); c != 0 {
 		return c
 	}
-	return compareEntry(a.dev, a.metric, b.dev, b.metric)
+	devA, metricA := a.names()
+	devB, metricB := b.names()
+	return compareEntry(devA, metricA, devB, metricB)
 }
 
 // compareEntry is the order of the entries in a group row.
@@ -227,13 +272,13 @@ func compareEntry(devA, metricA, devB, metricB string) int {
 // array serves the whole checkpoint.
 func windowChanges(changes []rowChange, e *engine) []rowChange {
 	changes = slices.Grow(changes, len(e.delWins)+len(e.dirtyWins))
-	for _, r := range e.delWins {
-		changes = append(changes, rowChange{at: r.start, shard: shardOf(r.dev), dev: r.dev, metric: r.metric})
+	for i := range e.delWins {
+		r := &e.delWins[i]
+		changes = append(changes, rowChange{at: r.start, shard: shardOf(r.dev), kind: delWindow, ref: r})
 	}
 	for _, w := range e.dirtyWins {
 		if !w.dead {
-			d := w.ser.dev
-			changes = append(changes, rowChange{at: w.start, shard: d.shard, dev: d.name, metric: w.ser.name, w: w})
+			changes = append(changes, rowChange{at: w.start, shard: w.ser.dev.shard, kind: putWindow, ref: w})
 		}
 	}
 	return changes
@@ -245,12 +290,12 @@ func dedupChanges(changes []rowChange, e *engine) []rowChange {
 	changes = slices.Grow(changes, e.dedupRows)
 	for _, d := range e.dedupDirty {
 		for _, end := range d.dedup.dropped {
-			changes = append(changes, rowChange{at: end, shard: d.shard, dev: d.name})
+			changes = append(changes, rowChange{at: end, shard: d.shard, kind: delDedup, ref: d})
 		}
 		for i := range d.dedup.groups {
 			if g := &d.dedup.groups[i]; g.dirty {
 				slices.Sort(g.ids) // in place: a group is a set
-				changes = append(changes, rowChange{at: g.end, shard: d.shard, dev: d.name, g: g})
+				changes = append(changes, rowChange{at: g.end, shard: d.shard, kind: putDedup, ref: d})
 			}
 		}
 	}
@@ -260,12 +305,13 @@ func dedupChanges(changes []rowChange, e *engine) []rowChange {
 // deviceChanges appends the changed and deleted devices to changes.
 func deviceChanges(changes []rowChange, e *engine) []rowChange {
 	changes = slices.Grow(changes, len(e.delDevs)+len(e.dirtyDevs))
-	for _, name := range e.delDevs {
-		changes = append(changes, rowChange{at: noTimeKey, shard: shardOf(name), dev: name})
+	for i := range e.delDevs {
+		name := &e.delDevs[i]
+		changes = append(changes, rowChange{at: noTimeKey, shard: shardOf(*name), kind: delDevice, ref: name})
 	}
 	for _, d := range e.dirtyDevs {
 		if !d.dead {
-			changes = append(changes, rowChange{at: noTimeKey, shard: d.shard, dev: d.name, d: d})
+			changes = append(changes, rowChange{at: noTimeKey, shard: d.shard, kind: putDevice, ref: d})
 		}
 	}
 	return changes
@@ -445,14 +491,18 @@ func mergeGroup(out, scratch, old []byte, changes []rowChange) ([]byte, []byte, 
 		if k < len(changes) {
 			// The changes to one entry are k..m-1; a put wins over a delete.
 			c, m := &changes[k], k+1
-			for ; m < len(changes) && changes[m].dev == c.dev && changes[m].metric == c.metric; m++ {
+			dev, metric := c.names()
+			for ; m < len(changes); m++ {
+				if d, mt := changes[m].names(); d != dev || mt != metric {
+					break
+				}
 				if !c.put() {
 					c = &changes[m]
 				}
 			}
 			order := -1
 			if haveOld {
-				order = compareEntry(c.dev, c.metric, string(cur.dev), string(cur.metric))
+				order = compareEntry(dev, metric, string(cur.dev), string(cur.metric))
 			}
 			if order <= 0 {
 				if c.put() {
@@ -526,7 +576,8 @@ func migrateBucket(tx *bolt.Tx, l rowLayout) error {
 		if err != nil {
 			return err
 		}
-		rows = append(rows, row{rowChange{at: at, shard: shardOf(dev), dev: dev, metric: metric}, bytes.Clone(v)})
+		key := rowChange{at: at, shard: shardOf(dev), kind: delWindow, ref: &winRef{start: at, dev: dev, metric: metric}}
+		rows = append(rows, row{key, bytes.Clone(v)})
 		return nil
 	})
 	if err != nil {
@@ -539,7 +590,8 @@ func migrateBucket(tx *bolt.Tx, l rowLayout) error {
 		val = val[:0]
 		j := i
 		for ; j < len(rows) && rows[j].at == rows[i].at && rows[j].shard == rows[i].shard; j++ {
-			val = appendEntry(val, rows[j].dev, rows[j].metric, rows[j].v)
+			dev, metric := rows[j].names()
+			val = appendEntry(val, dev, metric, rows[j].v)
 		}
 		key = appendGroupKey(key[:0], rows[i].at, rows[i].shard)
 		if err := groups.Put(key, bytes.Clone(val)); err != nil { // bbolt copies keys

@@ -165,6 +165,16 @@ func TestRowLayoutMigrates(t *testing.T) {
 	t.Logf("rows migrated %v, with %d windows evicted and %d dedup ids cold", rows, evicted, cold)
 }
 
+// putChange and delChange are changes to the window entry (dev, metric).
+func putChange(dev, metric string, w *window) rowChange {
+	w.ser = &series{dev: &device{name: dev}, name: metric}
+	return rowChange{kind: putWindow, ref: w}
+}
+
+func delChange(dev, metric string) rowChange {
+	return rowChange{kind: delWindow, ref: &winRef{dev: dev, metric: metric}}
+}
+
 // TestMergeGroup: the entries of a group row stay sorted by (device,
 // metric) through puts, deletes and a delete followed by a put of one
 // window in the same checkpoint.
@@ -175,12 +185,12 @@ func TestMergeGroup(t *testing.T) {
 	old = appendEntry(old, "c", "t", appendWindow(nil, w(2)))
 	old = appendEntry(old, "c", "u", appendWindow(nil, w(3)))
 	changes := []rowChange{
-		{dev: "a", metric: "t"},          // delete
-		{dev: "b", metric: "t", w: w(4)}, // insert between
-		{dev: "c", metric: "u", w: w(5)}, // put ...
-		{dev: "c", metric: "u"},          // ... and delete: the put wins
-		{dev: "d", metric: "t", w: w(6)}, // append
-		{dev: "e", metric: "t"},          // delete of a window not stored
+		delChange("a", "t"),       // delete
+		putChange("b", "t", w(4)), // insert between
+		putChange("c", "u", w(5)), // put ...
+		delChange("c", "u"),       // ... and delete: the put wins
+		putChange("d", "t", w(6)), // append
+		delChange("e", "t"),       // delete of a window not stored
 	}
 	out, _, err := mergeGroup(nil, nil, old, changes)
 	if err != nil {
@@ -227,7 +237,7 @@ func FuzzGroupRow(f *testing.F) {
 		var keys []rowChange
 		var entries [][3]string
 		err := eachEntry(v, func(en groupEntry) error {
-			keys = append(keys, rowChange{dev: string(en.dev), metric: string(en.metric)})
+			keys = append(keys, delChange(string(en.dev), string(en.metric)))
 			entries = append(entries, [3]string{string(en.dev), string(en.metric), string(en.payload)})
 			return nil
 		})
@@ -258,9 +268,9 @@ func FuzzGroupRow(f *testing.F) {
 				return // not a row a checkpoint writes: merging needs entries in order
 			}
 		}
-		puts := slices.Clone(keys)
-		for i := range puts {
-			puts[i].d = &device{}
+		puts := make([]rowChange, len(keys))
+		for i := range keys {
+			puts[i] = putChange(entries[i][0], entries[i][1], &window{})
 		}
 		merged, _, err := mergeGroup(nil, nil, v, puts)
 		if err != nil {
@@ -268,7 +278,7 @@ func FuzzGroupRow(f *testing.F) {
 		}
 		var got []rowChange
 		if err := eachEntry(merged, func(en groupEntry) error {
-			got = append(got, rowChange{dev: string(en.dev), metric: string(en.metric)})
+			got = append(got, delChange(string(en.dev), string(en.metric)))
 			return nil
 		}); err != nil {
 			t.Fatal(err)
