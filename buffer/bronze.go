@@ -178,6 +178,14 @@ func (b *Bronze) Close() error {
 	return nil
 }
 
+// SetLimits replaces Options.Retention and MaxBytes: a reload keeps the
+// file open and applies the new config's limits to it.
+func (b *Bronze) SetLimits(retention time.Duration, maxBytes int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.opts.Retention, b.opts.MaxBytes = retention, maxBytes
+}
+
 // Path is the file's path.
 func (b *Bronze) Path() string { return b.db.Path() }
 
@@ -548,7 +556,11 @@ func (b *Bronze) SetCheckpoint(seq uint64) { b.checkpoint.Store(seq) }
 func (b *Bronze) Checkpoint() uint64 { return b.checkpoint.Load() }
 
 // MaxBytes is the bound Append keeps the log under (0: none).
-func (b *Bronze) MaxBytes() int64 { return b.opts.MaxBytes }
+func (b *Bronze) MaxBytes() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.opts.MaxBytes
+}
 
 // StoredSize is what r takes against MaxBytes.
 func StoredSize(r *Record) int { return 8 + r.EncodedSize() }

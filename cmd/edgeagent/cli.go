@@ -369,35 +369,52 @@ func runAgent(ctx context.Context, e *env, args []string) int {
 		return code
 	}
 	var prev *config.Config // the config that ran before a reload
+	// files are the data files a reload keeps open from one round to the
+	// next; a round that opens the agent owns them until it stops.
+	var files *agent.Files
 	for {
-		code, next, opened := runRound(ctx, e, hup, cfg, *path, *logFormat, *once)
+		code, next, opened, kept := runRound(ctx, e, hup, cfg, *path, *logFormat, *once, files)
+		files = kept
 		switch {
 		case next != nil:
 			prev, cfg = cfg, next
 		case !opened && prev != nil && ctx.Err() == nil:
-			// The reloaded config passed the check but did not open
-			// (a damaged file, say): the one before it did, so the
-			// agent goes on with that rather than down.
+			// The reloaded config passed the check but did not open: the
+			// one before it did, so the agent goes on with that rather
+			// than down.
 			fmt.Fprintf(e.stderr, "edgeagent: the reloaded config did not open; opening the one that ran before it again\n")
 			cfg, prev = prev, nil
 		default:
+			if files != nil {
+				if err := files.Close(); err != nil {
+					fmt.Fprintf(e.stderr, "edgeagent: %v\n", err)
+					if code == exitOK {
+						code = exitFail
+					}
+				}
+			}
 			return code
 		}
 	}
 }
 
-// runRound opens the agent on cfg (read from path), runs it until ctx is
-// done or a SIGHUP asks for a reload, and closes it. next is the config
-// to open again with, nil when the agent is done; opened says Open
-// succeeded.
-func runRound(ctx context.Context, e *env, hup <-chan os.Signal, cfg *config.Config, path, logFormat string, once bool) (code int, next *config.Config, opened bool) {
+// runRound opens the agent on cfg (read from path) and files (nil: open
+// data_dir's), runs it until ctx is done or a SIGHUP asks for a reload,
+// and closes it. next is the config to open again with, nil when the agent
+// is done; opened says Open succeeded. kept are the data files left open
+// for the caller: files again after a failed Open, the agent's own after a
+// reload, nil once it closed them.
+func runRound(ctx context.Context, e *env, hup <-chan os.Signal, cfg *config.Config, path, logFormat string, once bool, files *agent.Files) (code int, next *config.Config, opened bool, kept *agent.Files) {
 	format := cfg.Log.Format
 	if logFormat != "" {
 		format = logFormat
 	}
 	log := newLogger(e.stderr, format, cfg.Log.Level)
 	setMaxProcs(log, cfg.Processing.MaxProcs, os.Getenv("GOMAXPROCS"))
-	a, err := agent.Open(cfg, agent.Options{Logger: log, ConfigPath: path, Version: version})
+	if files != nil {
+		log.Info("keeping the data files open across the reload", "data_dir", cfg.DataDir)
+	}
+	a, err := agent.Open(cfg, agent.Options{Logger: log, ConfigPath: path, Version: version, Files: files})
 	if err != nil {
 		log.Error("cannot start", "err", err)
 		var hint *agent.HintError
@@ -406,15 +423,15 @@ func runRound(ctx context.Context, e *env, hup <-chan os.Signal, cfg *config.Con
 			// file: like an invalid config, a restart cannot fix it
 			// (RestartPreventExitStatus=3).
 			fmt.Fprintf(e.stderr, "edgeagent: %s\n", hint.Hint)
-			return exitConfig, nil, false
+			return exitConfig, nil, false, files
 		}
 		if invalidConfig(err) {
 			// A setting a stage refuses that config check let through: as
 			// much an invalid config as one config check finds.
 			fmt.Fprintf(e.stderr, "edgeagent: %v\n", err)
-			return exitConfig, nil, false
+			return exitConfig, nil, false, files
 		}
-		return exitFail, nil, false
+		return exitFail, nil, false, files
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -427,18 +444,21 @@ func runRound(ctx context.Context, e *env, hup <-chan os.Signal, cfg *config.Con
 	}
 	stop()
 	<-watch.done // the next round's watch reads hup alone
+	if err == nil && watch.restarting() {
+		kept = a.Detach()
+	}
 	if cerr := a.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		log.Error("stopped with an error", "err", err)
-		return exitFail, nil, true
+		return exitFail, nil, true, kept
 	}
 	if watch.restarting() {
 		log.Info("starting again with the config read anew", "config", path)
-		return exitOK, watch.next, true
+		return exitOK, watch.next, true, kept
 	}
-	return exitOK, nil, true
+	return exitOK, nil, true, nil
 }
 
 func configCheck(_ context.Context, e *env, args []string) int {

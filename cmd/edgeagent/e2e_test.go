@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -650,6 +651,7 @@ func TestSighupReloadsConfig(t *testing.T) {
 	// As under systemd: no controlling terminal (there SIGHUP is a hangup).
 	p := startAgentWith(t, func(c *exec.Cmd) { c.SysProcAttr = &syscall.SysProcAttr{Setsid: true} }, "run", "-c", cfgPath)
 	p.waitLog(t, "edgeagent starting")
+	var bronzeMax atomic.Int64
 	interval := func() float64 {
 		resp, err := http.Get("http://" + statusAddr + "/status.json")
 		if err != nil {
@@ -660,10 +662,14 @@ func TestSighupReloadsConfig(t *testing.T) {
 			Window struct {
 				TriggerIntervalSeconds float64 `json:"trigger_interval_seconds"`
 			} `json:"window"`
+			Bronze struct {
+				MaxBytes int64 `json:"max_bytes"`
+			} `json:"bronze"`
 		}
 		if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
 			return -1
 		}
+		bronzeMax.Store(st.Bronze.MaxBytes)
 		return st.Window.TriggerIntervalSeconds
 	}
 	alive := func() {
@@ -677,11 +683,19 @@ func TestSighupReloadsConfig(t *testing.T) {
 	starts := func() int { return strings.Count(p.logs.String(), "edgeagent starting") }
 	mqtttest.WaitFor(t, 10*time.Second, "status with trigger_interval 1s", func() bool { return interval() == 1 })
 
-	writeConfig(t, dir, head+"processing:\n  trigger_interval: 2s\n")
+	// The reload keeps the data files open (a large Bronze takes seconds
+	// to open) and gives Bronze the new config's limits.
+	writeConfig(t, dir, head+"processing:\n  trigger_interval: 2s\nstorage:\n  bronze_max_bytes: 123456789\n")
 	p.cmd.Process.Signal(syscall.SIGHUP)
 	mqtttest.WaitFor(t, 30*time.Second, "status with trigger_interval 2s", func() bool { alive(); return interval() == 2 })
 	if n := starts(); n != 2 || !strings.Contains(p.logs.String(), "edgeagent stopped") {
 		t.Fatalf("want a clean stop and a second start in the same process; logs:\n%s", p.logs)
+	}
+	if !strings.Contains(p.logs.String(), "keeping the data files open across the reload") {
+		t.Errorf("the reload did not keep the data files open; logs:\n%s", p.logs)
+	}
+	if got := bronzeMax.Load(); got != 123456789 {
+		t.Errorf("Bronze's max_bytes after the reload: %d, want 123456789", got)
 	}
 
 	busy, err := net.Listen("tcp", "127.0.0.1:0")

@@ -55,6 +55,32 @@ type Options struct {
 	Version    string
 	// Clock defaults to time.Now.
 	Clock func() time.Time
+	// Files, when set, are data_dir's files already open (a reload hands
+	// them from the agent it stopped): Open uses them instead of opening
+	// the files again, which reads every page of a large Bronze (tens of
+	// seconds for a gigabyte on a cold cache). A successful Open owns them;
+	// after a failed one the caller still does.
+	Files *Files
+}
+
+// Files are an agent's open data files.
+type Files struct {
+	Bronze *buffer.Bronze
+	State  *bolt.DB
+}
+
+// Close closes both files.
+func (f *Files) Close() error {
+	var errs []error
+	if f.State != nil {
+		if err := f.State.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close state: %w", err))
+		}
+	}
+	if f.Bronze != nil {
+		errs = append(errs, f.Bronze.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // Agent is a running gateway agent.
@@ -73,8 +99,17 @@ type Agent struct {
 	Local     *local.Publisher // nil when nothing is published locally
 	localSink interface{ Close() error }
 
+	// ownsFiles says Close closes Bronze and State (see Detach).
+	ownsFiles bool
 	closeOnce sync.Once
 	closeErr  error
+}
+
+// Detach hands the agent's data files to the caller, for the next Open
+// after a reload; Close then leaves them open. Call it before Close.
+func (a *Agent) Detach() *Files {
+	a.ownsFiles = false
+	return &Files{Bronze: a.Bronze, State: a.State}
 }
 
 // CheckReload reports whether cfg would open over this agent's data as Open
@@ -159,18 +194,26 @@ func Open(cfg *config.Config, opts Options) (*Agent, error) {
 		return nil, fmt.Errorf("create data_dir %s: %w", cfg.DataDir, err)
 	}
 	var err error
-	a.Bronze, err = buffer.Open(filepath.Join(cfg.DataDir, BronzeFile), buffer.Options{
-		Retention: time.Duration(cfg.Storage.BronzeRetention),
-		MaxBytes:  int64(cfg.Storage.BronzeMaxBytes),
-		Clock:     opts.Clock,
-	})
-	if err != nil {
-		return nil, Damaged(err, cfg.DataDir, BronzeFile)
-	}
-	a.State, err = OpenState(cfg.DataDir, false)
-	if err != nil {
-		a.Close()
-		return nil, Damaged(err, cfg.DataDir, StateFile)
+	if f := opts.Files; f != nil {
+		// Until Open succeeds they stay the caller's: the error paths'
+		// Close leaves them open.
+		a.Bronze, a.State = f.Bronze, f.State
+		a.Bronze.SetLimits(time.Duration(cfg.Storage.BronzeRetention), int64(cfg.Storage.BronzeMaxBytes))
+	} else {
+		a.ownsFiles = true
+		a.Bronze, err = buffer.Open(filepath.Join(cfg.DataDir, BronzeFile), buffer.Options{
+			Retention: time.Duration(cfg.Storage.BronzeRetention),
+			MaxBytes:  int64(cfg.Storage.BronzeMaxBytes),
+			Clock:     opts.Clock,
+		})
+		if err != nil {
+			return nil, Damaged(err, cfg.DataDir, BronzeFile)
+		}
+		a.State, err = OpenState(cfg.DataDir, false)
+		if err != nil {
+			a.Close()
+			return nil, Damaged(err, cfg.DataDir, StateFile)
+		}
 	}
 	icfg, err := ingestConfig(cfg, opts.Logger, opts.Clock)
 	if err != nil {
@@ -245,6 +288,7 @@ func Open(cfg *config.Config, opts Options) (*Agent, error) {
 			return nil, err
 		}
 	}
+	a.ownsFiles = true
 	return a, nil
 }
 
@@ -515,16 +559,9 @@ func (a *Agent) Close() error {
 		if a.localSink != nil {
 			a.localSink.Close()
 		}
-		var errs []error
-		if a.State != nil {
-			if err := a.State.Close(); err != nil {
-				errs = append(errs, fmt.Errorf("close state: %w", err))
-			}
+		if a.ownsFiles {
+			a.closeErr = (&Files{Bronze: a.Bronze, State: a.State}).Close()
 		}
-		if a.Bronze != nil {
-			errs = append(errs, a.Bronze.Close())
-		}
-		a.closeErr = errors.Join(errs...)
 	})
 	return a.closeErr
 }
