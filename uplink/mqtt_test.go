@@ -163,3 +163,24 @@ func TestMQTT(t *testing.T) {
 		}
 	}
 }
+
+// TestMQTTKeepAliveFitsSixteenBits: the keep-alive follows ack_timeout but
+// never exceeds what MQTT's 16 bits of seconds carry (65536 s would go out
+// as 0, which turns keep-alive off), nor drops below 2 s.
+func TestMQTTKeepAliveFitsSixteenBits(t *testing.T) {
+	for _, tc := range []struct{ ack, want time.Duration }{
+		{time.Second, 2 * time.Second},
+		{10 * time.Second, 10 * time.Second},
+		{65535 * time.Second, 65535 * time.Second},
+		{65536 * time.Second, 65535 * time.Second},
+		{100 * time.Hour, 65535 * time.Second},
+	} {
+		o, err := mqttOptions(Config{MQTT: &MQTTConfig{Broker: "tcp://127.0.0.1:1883", ClientID: "c"}, AckTimeout: tc.ack})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := time.Duration(o.KeepAlive) * time.Second; got != tc.want {
+			t.Errorf("ack_timeout %v: keep-alive %v, want %v", tc.ack, got, tc.want)
+		}
+	}
+}
