@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"path/filepath"
 	"testing"
@@ -208,5 +209,119 @@ func TestCheckpointSweepsDeletedGroups(t *testing.T) {
 	n := countVersions(t, db)
 	if n.versions > 2*n.groups+n.deleted {
 		t.Fatalf("versions pile up: %+v", n)
+	}
+}
+
+// currentRows are the current rows of every group of db, by bucket and key.
+func currentRows(t *testing.T, db *bolt.DB) map[string]string {
+	t.Helper()
+	rows := map[string]string{}
+	err := db.View(func(tx *bolt.Tx) error {
+		gen := getU64(tx.Bucket(bucketMeta), keyGen)
+		for i, gb := range groupBuckets {
+			err := eachGroup(tx.Bucket(gb.name), gb.keyLen, gen, nil, func(k, row []byte) error {
+				rows[fmt.Sprintf("%d/%x", i, k)] = string(row)
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rows
+}
+
+// TestCutCheckpointsKeepTheCommittedState: wherever a checkpoint's
+// transactions are cut — chunk sizes that split a deleted group's sweep
+// between its versions included (found by a review: the group's older row
+// came back) — the rows that load are the committed checkpoint's, and the
+// outputs after restarts are those of a run without checkpoints. Devices
+// expire, so whole groups are deleted and swept.
+func TestCutCheckpointsKeepTheCommittedState(t *testing.T) {
+	errCrash := errors.New("crash between a checkpoint's transactions")
+	defer func() { afterChunk = nil }()
+	for _, chunk := range []int{3, 11, 13, 29, 101} {
+		for seed := range uint64(2) {
+			t.Run(fmt.Sprintf("chunk=%d/seed=%d", chunk, seed), func(t *testing.T) {
+				withShards(t, uint32(1+seed))
+				cfg := testConfig(t)
+				cfg.AllowedLateness = 5 * time.Minute
+				cfg.IdleTimeout, cfg.DeviceExpiry = 5*time.Minute, 15*time.Minute
+				dir := t.TempDir()
+				bronzePath := filepath.Join(dir, "bronze.db")
+				br := openBronze(t, bronzePath)
+				appendAll(t, br, genStream(seed+3, cfg, genOpts{devices: 5, duration: 50 * time.Minute, period: 20 * time.Second,
+					dupRate: 0.1, lateRate: 0.1, backlog: 1, grid: time.Second}))
+				br.Close()
+				ref := cfg
+				checkpointNever(&ref)
+				afterChunk = nil
+				want := runEvicting(t, bronzePath, filepath.Join(dir, "reference.db"), ref, false)
+
+				withChunkBytes(t, chunk)
+				br, err := buffer.Open(bronzePath, buffer.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer br.Close()
+				db := openDB(t, filepath.Join(dir, "state.db"), true)
+				cfg.MaxRecordsPerBatch = 11
+				checkpointEveryBatch(&cfg)
+				rng := rand.New(rand.NewPCG(seed, uint64(chunk)))
+				afterChunk = func(int) error {
+					if rng.IntN(4) == 0 {
+						return errCrash
+					}
+					return nil
+				}
+				s, err := New(db, br, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				committed := currentRows(t, db)
+				failures, expired := 0, uint64(0)
+				for steps := 0; ; steps++ {
+					if steps > 100_000 {
+						t.Fatal("the stage never finished")
+					}
+					res, err := s.Step()
+					if errors.Is(err, errCrash) {
+						failures++
+						if !maps.Equal(currentRows(t, db), committed) {
+							t.Fatalf("step %d: after a cut checkpoint the rows that load are not the committed ones", steps)
+						}
+						if failures%2 == 0 {
+							if s, err = New(db, br, cfg); err != nil {
+								t.Fatalf("step %d: restart: %v", steps, err)
+							}
+						}
+						continue
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					committed = currentRows(t, db)
+					expired = s.Stats().DevicesExpired
+					if res.Records == 0 {
+						break
+					}
+				}
+				afterChunk = nil
+				if failures < 10 || expired == 0 {
+					t.Fatalf("%d cut checkpoints, %d devices expired: the test exercises little", failures, expired)
+				}
+				if err := s.Flush(); err != nil {
+					t.Fatal(err)
+				}
+				got, _ := outputBytes(t, db)
+				if !bytes.Equal(got, want.out) {
+					t.Fatalf("outputs differ from the run without checkpoints\n%s", firstDiff(got, want.out))
+				}
+			})
+		}
 	}
 }

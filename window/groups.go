@@ -361,11 +361,14 @@ func writeGroups(w *chunkWriter, bucket []byte, fill float64, changes []rowChang
 		target := slotted(key, slot)
 		if deleted {
 			// Once gen commits, no version of the group serves. (Keys are
-			// copied before the writes below, which may move bbolt's.)
-			*sweep = append(*sweep, target)
+			// copied before the writes below, which may move bbolt's.) The
+			// deletion's own version goes last: a sweep may be cut between
+			// its transactions, and until it is gone the group reads as
+			// deleted, not as the row before.
 			if g.hasCur {
 				*sweep = append(*sweep, bytes.Clone(g.cur.key))
 			}
+			*sweep = append(*sweep, target)
 		}
 		for _, k := range slices.Concat(g.older, g.garbage) {
 			if !bytes.Equal(k, target) {
@@ -385,8 +388,9 @@ func writeGroups(w *chunkWriter, bucket []byte, fill float64, changes []rowChang
 }
 
 // sweepGroups deletes the group versions listed by a committed
-// checkpoint or a load (see eachGroup); none of them changes what is
-// loaded.
+// checkpoint or a load (see eachGroup), in their order: a deleted group's
+// older versions before the version that deletes it, so that wherever the
+// transactions are cut, nothing changes what is loaded.
 func sweepGroups(w *chunkWriter, bucket []byte, keys [][]byte) error {
 	for _, k := range keys {
 		if err := w.bucket(bucket, 0).Delete(k); err != nil {
@@ -723,10 +727,11 @@ func eachGroup(b *bolt.Bucket, base int, committed uint64, sweep *[][]byte, fn f
 				*sweep = append(*sweep, bytes.Clone(k))
 			}
 			if g.hasCur && len(g.cur.row) == 0 {
-				*sweep = append(*sweep, bytes.Clone(g.cur.key))
+				// The deletion's own version last (see writeGroups).
 				for _, k := range g.older {
 					*sweep = append(*sweep, bytes.Clone(k))
 				}
+				*sweep = append(*sweep, bytes.Clone(g.cur.key))
 			}
 		}
 		if row := g.row(); row != nil {
