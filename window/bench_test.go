@@ -214,3 +214,26 @@ func BenchmarkEmittedState(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkCheckpointLoad measures checkpoints of a load-mode state:
+// 10,000 devices, a checkpoint (fsync'd, in chunks) after every batch of
+// 10,000 records, so that most devices change between two.
+func BenchmarkCheckpointLoad(b *testing.B) {
+	const n = 300_000
+	dir := b.TempDir()
+	br := openBronze(b, filepath.Join(dir, "bronze.db"))
+	appendAll(b, br, benchStream(10_000, n))
+	cfg := benchConfig(b)
+	cfg.MaxDevices = 20_000
+	checkpointEveryBatch(&cfg)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		db := openDB(b, filepath.Join(dir, fmt.Sprintf("state%d.db", i)), false)
+		s, err := New(db, br, cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		runToEnd(b, s)
+	}
+	b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "records/s")
+}

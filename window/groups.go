@@ -248,12 +248,22 @@ func (c *rowChange) appendEntry(b, scratch []byte) ([]byte, []byte) {
 }
 
 func compareChanges(a, b rowChange) int {
+	if c := compareGroups(a, b); c != 0 {
+		return c
+	}
+	return compareNames(a, b)
+}
+
+// compareGroups orders changes by their group's key alone.
+func compareGroups(a, b rowChange) int {
 	if c := cmp.Compare(a.at, b.at); c != 0 {
 		return c
 	}
-	if c := cmp.Compare(a.shard, b.shard); c != 0 {
-		return c
-	}
+	return cmp.Compare(a.shard, b.shard)
+}
+
+// compareNames orders the changes of one group as its entries.
+func compareNames(a, b rowChange) int {
 	devA, metricA := a.names()
 	devB, metricB := b.names()
 	return compareEntry(devA, metricA, devB, metricB)
@@ -324,7 +334,10 @@ func deviceChanges(changes []rowChange, e *engine) []rowChange {
 // serving once gen commits (every version of a group it deletes) are
 // appended to sweep.
 func writeGroups(w *chunkWriter, bucket []byte, fill float64, changes []rowChange, gen, committed uint64, sweep *[][]byte) error {
-	slices.SortFunc(changes, compareChanges)
+	// By group first, which reads no names (they are behind pointers, and
+	// most comparisons end before them), then each group's few changes by
+	// name: a load-mode checkpoint's sort took a fifth more CPU otherwise.
+	slices.SortFunc(changes, compareGroups)
 	var key, scratch []byte
 	for i := 0; i < len(changes); {
 		size := binary.MaxVarintLen64
@@ -332,6 +345,7 @@ func writeGroups(w *chunkWriter, bucket []byte, fill float64, changes []rowChang
 		for ; j < len(changes) && changes[j].at == changes[i].at && changes[j].shard == changes[i].shard; j++ {
 			size += changes[j].maxSize()
 		}
+		slices.SortFunc(changes[i:j], compareNames)
 		key = appendGroupKey(key[:0], changes[i].at, changes[i].shard)
 		b := w.bucket(bucket, fill)
 		g, err := readGroup(b, key, committed)
