@@ -458,7 +458,9 @@ func runRound(ctx context.Context, e *env, hup <-chan os.Signal, cfg *config.Con
 		log.Info("starting again with the config read anew", "config", path)
 		return exitOK, watch.next, true, kept
 	}
-	return exitOK, nil, true, nil
+	// A SIGTERM during Close ends the reload: the caller closes what was
+	// kept for it.
+	return exitOK, nil, true, kept
 }
 
 func configCheck(_ context.Context, e *env, args []string) int {

@@ -101,13 +101,23 @@ type Agent struct {
 
 	// ownsFiles says Close closes Bronze and State (see Detach).
 	ownsFiles bool
-	closeOnce sync.Once
-	closeErr  error
+	// stopWait bounds how long Run waits for its stages to stop (15 s);
+	// stragglers says it gave up on one, which may still use the files.
+	stopWait   time.Duration
+	stragglers bool
+	closeOnce  sync.Once
+	closeErr   error
 }
 
 // Detach hands the agent's data files to the caller, for the next Open
-// after a reload; Close then leaves them open. Call it before Close.
+// after a reload; Close then leaves them open. Call it after Run and
+// before Close. It returns nil, and Close closes the files as usual, when
+// Run gave up waiting for a stage to stop: that stage may still write to
+// them, and the next agent must not share them with it.
 func (a *Agent) Detach() *Files {
+	if a.stragglers {
+		return nil
+	}
 	a.ownsFiles = false
 	return &Files{Bronze: a.Bronze, State: a.State}
 }
@@ -189,7 +199,7 @@ func Open(cfg *config.Config, opts Options) (*Agent, error) {
 	if opts.Clock == nil {
 		opts.Clock = time.Now
 	}
-	a := &Agent{cfg: cfg, opts: opts, log: opts.Logger}
+	a := &Agent{cfg: cfg, opts: opts, log: opts.Logger, stopWait: 15 * time.Second}
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 		return nil, fmt.Errorf("create data_dir %s: %w", cfg.DataDir, err)
 	}
@@ -410,8 +420,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	go func() { wg.Wait(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(15 * time.Second):
-		a.log.Error("shutdown: stages did not stop within 15s; closing anyway")
+	case <-time.After(a.stopWait):
+		a.stragglers = true
+		a.log.Error("shutdown: stages did not stop in time; closing anyway", "waited", a.stopWait)
 	}
 	a.log.Info("edgeagent stopped")
 	return runErr

@@ -1,8 +1,11 @@
 package agent
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"testing"
 	"time"
 
@@ -77,4 +80,73 @@ func TestReloadKeepsFiles(t *testing.T) {
 	if err := usable("after the owner's Close"); err == nil {
 		t.Fatal("the files stayed open after the agent that owned them closed")
 	}
+}
+
+// TestReloadDoesNotShareFilesWithAStraggler: when Run gives up waiting for
+// a stage to stop, that stage may still write to the files, so Detach
+// hands none on and Close closes them (found by a review: two window
+// stages had shared one state database after a slow stop).
+func TestReloadDoesNotShareFilesWithAStraggler(t *testing.T) {
+	dir := t.TempDir()
+	a, err := Open(filesTestConfig(t, dir, ""), Options{Logger: slog.New(slog.DiscardHandler), ConfigPath: "edgeagent.yaml"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.stopWait = 100 * time.Millisecond
+	var recs []buffer.Record
+	for i := range 100 {
+		recs = append(recs, buffer.Record{Kind: buffer.KindMessage, ReceivedAt: time.Now().UnixNano(), Topic: "s/d1",
+			Payload: fmt.Appendf(nil, `{"id":"%d","ts":%d,"t":1}`, i, time.Now().UnixMilli())})
+	}
+	if err := a.Bronze.Append(recs); err != nil {
+		t.Fatal(err)
+	}
+	// A write transaction held here keeps the window stage's commit, and
+	// so the stage, from stopping: a disk that stalls.
+	tx, err := a.State.Begin(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- a.Run(ctx) }()
+	// Stop once the stage waits for the transaction.
+	deadline := time.Now().Add(10 * time.Second)
+	for !blockedInWriteTx() {
+		if time.Now().After(deadline) {
+			t.Fatal("the window stage never waited for a write transaction")
+		}
+		runtime.Gosched()
+	}
+	cancel()
+	if err := <-ran; err != nil {
+		t.Fatal(err)
+	}
+	if !a.stragglers {
+		t.Fatal("Run waited for every stage although one was blocked")
+	}
+	if f := a.Detach(); f != nil {
+		t.Fatal("Detach handed on files a stage that did not stop may still write to")
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Bronze.Append(recs[:1]); err == nil {
+		t.Fatal("Close left Bronze open after a Detach that kept it")
+	}
+}
+
+// blockedInWriteTx says whether the window stage waits to begin a bbolt
+// write transaction.
+func blockedInWriteTx() bool {
+	buf := make([]byte, 1<<20)
+	for _, g := range bytes.Split(buf[:runtime.Stack(buf, true)], []byte("\n\n")) {
+		if bytes.Contains(g, []byte("bbolt.(*DB).beginRWTx")) && bytes.Contains(g, []byte("window.(*Stage)")) {
+			return true
+		}
+	}
+	return false
 }
