@@ -702,24 +702,32 @@ func (g *groupVersions) row() []byte {
 	return g.cur.row
 }
 
-// readGroup returns the versions of the group keyed k (base bytes long).
+// readGroup returns the versions of the group keyed k.
 func readGroup(b *bolt.Bucket, k []byte, committed uint64) (groupVersions, error) {
-	var g groupVersions
 	c := b.Cursor()
-	for key, v := c.Seek(k); key != nil && bytes.HasPrefix(key, k); key, v = c.Next() {
-		ver, err := parseVersion(key, v, len(k))
+	key, v := c.Seek(k)
+	g, _, _, err := versionsAt(c, key, v, k, committed)
+	return g, err
+}
+
+// versionsAt gathers the versions of group from c's position (key, v) on,
+// and returns the key and value after them.
+func versionsAt(c *bolt.Cursor, key, v, group []byte, committed uint64) (groupVersions, []byte, []byte, error) {
+	var g groupVersions
+	for ; key != nil && bytes.HasPrefix(key, group); key, v = c.Next() {
+		ver, err := parseVersion(key, v, len(group))
 		if err != nil {
-			return g, err
+			return g, nil, nil, err
 		}
 		g.add(ver, committed)
 	}
-	return g, nil
+	return g, key, v, nil
 }
 
 // eachGroup calls fn with each group's key and current row, in key order,
 // skipping deleted groups. With sweep set, it appends the keys that no
 // longer serve (versions above the committed generation, and every version
-// of a deleted group) to it, for sweepKeys.
+// of a deleted group) to it, for sweepGroups.
 func eachGroup(b *bolt.Bucket, base int, committed uint64, sweep *[][]byte, fn func(k, row []byte) error) error {
 	c := b.Cursor()
 	key, v := c.First()
@@ -728,14 +736,11 @@ func eachGroup(b *bolt.Bucket, base int, committed uint64, sweep *[][]byte, fn f
 			return fmt.Errorf("%w: group key %x", ErrCorruptState, key)
 		}
 		group := key[:base]
-		var g groupVersions
-		for ; key != nil && len(key) >= base && bytes.Equal(key[:base], group); key, v = c.Next() {
-			ver, err := parseVersion(key, v, base)
-			if err != nil {
-				return err
-			}
-			g.add(ver, committed)
+		g, nextKey, nextV, err := versionsAt(c, key, v, group, committed)
+		if err != nil {
+			return err
 		}
+		key, v = nextKey, nextV
 		if sweep != nil {
 			for _, k := range g.garbage {
 				*sweep = append(*sweep, bytes.Clone(k))
