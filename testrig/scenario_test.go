@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -256,5 +257,58 @@ func TestRunBoundsPublishing(t *testing.T) {
 	}
 	if rep.OK() || !slices.ContainsFunc(rep.Failures, func(f string) bool { return strings.Contains(f, "publishing did not finish within 4s") }) {
 		t.Fatalf("run with the broker gone: %s %v\n%s", rep.Verdict, rep.Failures, progress)
+	}
+}
+
+const diskFull = `
+name: disk-full-write-errors
+description: a steady fleet through a span of injected write errors
+seed: 3
+duration: 8s
+speed: 120
+connections: 4
+devices:
+  - {prefix: th, count: 16, format: json, interval: 10s, metrics: [temperature, humidity]}
+  - {prefix: nm, count: 4, format: number, interval: 20s, metrics: [level]}
+faults:
+  - {at: 25%, kind: disk_full, for: 3s}
+agent:
+  window: {size: 1m, watermark_delay: 10s, allowed_lateness: 10m, idle_timeout: 3s}
+`
+
+// TestDiskFullByWriteErrors runs disk_full the way a machine that cannot
+// mount a tmpfs does (--disk-full write-errors): the real agent's writes
+// to its data files fail with EFBIG for the span, it says so in its log,
+// and every window still arrives right after upsert.
+func TestDiskFullByWriteErrors(t *testing.T) {
+	sc, err := scenario.Parse("disk-full-write-errors", []byte(diskFull))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	rep, err := rig.Run(ctx, rig.Options{Agent: agent(t), Scenario: sc, Dir: dir, Keep: true,
+		DiskFull: rig.DiskFullWriteErrors, Progress: logWriter{t}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	rep.WriteTable(&b)
+	t.Log("\n" + b.String())
+	w := rep.Result.Windows
+	if !rep.OK() || w.Expected == 0 || w.Correct != w.Expected {
+		t.Fatalf("verdict %s %v, windows %+v", rep.Verdict, rep.Failures, w)
+	}
+	if len(rep.Faults) != 1 || rep.Faults[0].Skipped != "" || rep.Faults[0].Error != "" ||
+		!strings.Contains(rep.Faults[0].Note, "injected write errors") {
+		t.Fatalf("fault events %+v: want one disk_full by injected write errors", rep.Faults)
+	}
+	log, err := os.ReadFile(filepath.Join(dir, "agent.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(log, []byte("file too large")) {
+		t.Fatalf("the agent never logged a failed write (EFBIG):\n%s", log)
 	}
 }

@@ -43,6 +43,9 @@ type Process struct {
 	lastCPU float64
 	// logStart is the log's size when the current run started.
 	logStart int64
+	// pipe sends the agent's output through a pipe (PipeOutput);
+	// writesBlocked is set between BlockWrites(true) and (false).
+	pipe, writesBlocked bool
 }
 
 // Exit is one end of the agent process.
@@ -76,6 +79,12 @@ func (p *Process) Start() error {
 	}
 	cmd := exec.Command(p.bin, "run", "-c", p.config)
 	cmd.Stdout, cmd.Stderr = f, f
+	if p.pipe {
+		// Not an *os.File, so exec copies the output through a pipe; a
+		// process the group left behind cannot hold Wait for long.
+		out := struct{ io.Writer }{f}
+		cmd.Stdout, cmd.Stderr, cmd.WaitDelay = out, out, 5*time.Second
+	}
 	// Its own process group (a Ctrl-C reaches the rig, which stops the
 	// agent in order), and it dies with the rig.
 	cmd.SysProcAttr = procattr.Child()
@@ -112,7 +121,35 @@ func (p *Process) Start() error {
 		p.mu.Unlock()
 		close(done)
 	}()
+	if p.writesBlocked {
+		// A moment after the start: a write the agent makes first succeeds.
+		return limitGroupWrites(cmd.Process.Pid, false)
+	}
 	return nil
+}
+
+// PipeOutput makes the agent write its output to a pipe that the rig
+// copies to the log, instead of to the log file itself, which BlockWrites
+// would make fail too. Call it before Start.
+func (p *Process) PipeOutput() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.pipe = true
+}
+
+// BlockWrites(true) makes every write of the agent's processes to a
+// regular file fail with EFBIG (a file size limit of 0) — its data files
+// and, without PipeOutput, its log — now and at every start until
+// BlockWrites(false) lifts it. It is disk_full's injected write error
+// where the rig cannot mount a small filesystem to fill.
+func (p *Process) BlockWrites(on bool) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.writesBlocked = on
+	if p.cmd == nil {
+		return nil
+	}
+	return limitGroupWrites(p.cmd.Process.Pid, !on)
 }
 
 func tvSec(tv syscall.Timeval) float64 { return float64(tv.Sec) + float64(tv.Usec)/1e6 }

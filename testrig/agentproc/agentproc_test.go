@@ -30,6 +30,8 @@ func TestMain(m *testing.M) {
 		os.Exit(3)
 	case "rig":
 		fakeRig()
+	case "writer":
+		fakeWriter()
 	}
 	if f := os.Getenv(fakeEnv + "_PIDFILE"); f != "" {
 		if err := os.WriteFile(f, []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
@@ -60,6 +62,26 @@ func fakeRig() {
 	fmt.Println(p.PID())
 	io.Copy(io.Discard, os.Stdin) // until the test kills us
 	os.Exit(0)
+}
+
+// fakeWriter plays an agent that appends a line to the file named by
+// fakeEnv_DATA at every SIGUSR1 and logs how that went, for
+// TestBlockWrites; it exits 0 on SIGTERM.
+func fakeWriter() {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGUSR1, syscall.SIGTERM)
+	fmt.Println(`level=INFO msg="connected to broker"`)
+	for n := 1; ; n++ {
+		if <-sig == syscall.SIGTERM {
+			os.Exit(0)
+		}
+		f, err := os.OpenFile(os.Getenv(fakeEnv+"_DATA"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err == nil {
+			_, err = f.WriteString("x\n")
+			f.Close()
+		}
+		fmt.Printf("write %d: %v\n", n, err)
+	}
 }
 
 func fake(t *testing.T, mode string) *Process {
@@ -251,5 +273,51 @@ func TestWrapperWithoutExecLeavesNoAgent(t *testing.T) {
 	}
 	if log, err := os.ReadFile(filepath.Join(dir, "agent.log")); err != nil || !strings.Contains(string(log), "fake agent: stopped") {
 		t.Fatalf("the agent did not shut down on its SIGTERM (%v):\n%s", err, log)
+	}
+}
+
+// TestBlockWrites checks disk_full's injected write error on a real
+// process: writes fail with EFBIG while blocked, also after a restart
+// while blocked, the log still arrives through the pipe, and they succeed
+// again once lifted.
+func TestBlockWrites(t *testing.T) {
+	p := fake(t, "writer")
+	t.Setenv(fakeEnv+"_DATA", filepath.Join(t.TempDir(), "data"))
+	p.PipeOutput()
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the ready line", func() bool { return p.LoggedSinceStart("connected to broker") })
+	write := func(n int, want string) {
+		t.Helper()
+		if err := syscall.Kill(p.PID(), syscall.SIGUSR1); err != nil {
+			t.Fatal(err)
+		}
+		line := fmt.Sprintf("write %d: %s", n, want)
+		waitFor(t, 10*time.Second, line, func() bool { return p.LoggedSinceStart(line) })
+	}
+	write(1, "<nil>")
+	if err := p.BlockWrites(true); err != nil {
+		t.Fatal(err)
+	}
+	write(2, "write "+os.Getenv(fakeEnv+"_DATA")+": file too large")
+	if _, err := p.Terminate(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the ready line after the restart", func() bool { return p.LoggedSinceStart("connected to broker") })
+	write(1, "write "+os.Getenv(fakeEnv+"_DATA")+": file too large")
+	if err := p.BlockWrites(false); err != nil {
+		t.Fatal(err)
+	}
+	write(2, "<nil>")
+	b, err := os.ReadFile(os.Getenv(fakeEnv + "_DATA"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(b) != "x\nx\n" {
+		t.Fatalf("data file %q, want the two unblocked writes", b)
 	}
 }

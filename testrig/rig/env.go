@@ -47,7 +47,10 @@ type envConfig struct {
 	uplink, uplinkBroker string
 	// embedded makes the agent run its own broker.
 	embedded bool
-	// tmpfsBytes > 0 puts data_dir on a tmpfs of that size (disk_full).
+	// diskFull says the scenario has a disk_full fault; tmpfsBytes > 0
+	// puts data_dir on a tmpfs of that size for it, where the machine
+	// allows (else, and with tmpfsBytes 0, the fault injects write errors).
+	diskFull   bool
 	tmpfsBytes int64
 	progress   io.Writer
 }
@@ -163,6 +166,10 @@ func newEnv(ctx context.Context, cfg envConfig) (_ *env, err error) {
 		return nil, fmt.Errorf("rig: write agent config: %w", err)
 	}
 	e.agent = agentproc.New(cfg.agentBin, e.configPath, filepath.Join(cfg.dir, "agent.log"))
+	if cfg.diskFull && !e.tmpfs {
+		// Its log must not fail with its data files (BlockWrites).
+		e.agent.PipeOutput()
+	}
 	return e, nil
 }
 
@@ -197,7 +204,7 @@ func (e *env) clearPreviousRun() error {
 
 // mountTmpfs mounts a small tmpfs on data_dir so that disk_full can fill
 // it. Where the machine refuses (not root, no CAP_SYS_ADMIN), it records
-// why and disk_full is skipped.
+// why and disk_full injects write errors instead.
 func (e *env) mountTmpfs(size int64) {
 	opts := fmt.Sprintf("size=%d,mode=0750", size)
 	if err := syscall.Mount("tmpfs", e.dataDir, "tmpfs", 0, opts); err != nil {

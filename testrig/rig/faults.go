@@ -217,20 +217,33 @@ func (f *faults) inject(ctx context.Context, ft scenario.Fault, ev *FaultEvent) 
 		e.proxy.Restore()
 		e.logf("fault: %s restored", ft.Kind)
 	case scenario.FaultDiskFull:
-		if !e.tmpfs {
-			f.skip(ev, "%s", e.tmpfsNote)
-			return
-		}
-		e.logf("fault: disk full for %v", ft.For)
 		start := time.Now()
-		n, err := fillDisk(e.dataDir)
-		if err != nil {
-			ev.Error = err.Error()
-		}
-		ev.Note = fmt.Sprintf("filled %d KiB", n>>10)
-		sleepCtx(ctx, ft.For)
-		if err := os.Remove(filepath.Join(e.dataDir, fillName)); err != nil {
-			ev.Error = joinErr(ev.Error, fmt.Sprintf("remove fill file: %v", err))
+		if e.tmpfs {
+			e.logf("fault: disk full for %v", ft.For)
+			n, err := fillDisk(e.dataDir)
+			if err != nil {
+				ev.Error = err.Error()
+			}
+			ev.Note = fmt.Sprintf("filled %d KiB", n>>10)
+			sleepCtx(ctx, ft.For)
+			if err := os.Remove(filepath.Join(e.dataDir, fillName)); err != nil {
+				ev.Error = joinErr(ev.Error, fmt.Sprintf("remove fill file: %v", err))
+			}
+		} else {
+			// No filesystem to fill: every write of the agent to a file
+			// fails instead, also across its restarts within the span.
+			e.logf("fault: disk full for %v, by injected write errors", ft.For)
+			ev.Note = "injected write errors (file size limit 0)"
+			if e.tmpfsNote != "" {
+				ev.Note += ": " + e.tmpfsNote
+			}
+			if err := e.agent.BlockWrites(true); err != nil {
+				ev.Error = err.Error()
+			}
+			sleepCtx(ctx, ft.For)
+			if err := e.agent.BlockWrites(false); err != nil {
+				ev.Error = joinErr(ev.Error, fmt.Sprintf("lift the write errors: %v", err))
+			}
 		}
 		f.mu.Lock()
 		// An agent that exits on a full disk is restarted like systemd

@@ -50,7 +50,18 @@ type Options struct {
 	// duration plus two minutes): a broker that stops acknowledging for
 	// good fails the run there instead of holding it forever.
 	PublishLimit time.Duration
+	// DiskFull says how a disk_full fault fills the disk: DiskFullAuto
+	// (or "") fills a small tmpfs where the rig can mount one and injects
+	// write errors where it cannot; DiskFullWriteErrors always injects.
+	DiskFull string
 }
+
+// The ways of a disk_full fault (Options.DiskFull, edgerig run
+// --disk-full).
+const (
+	DiskFullAuto        = "auto"
+	DiskFullWriteErrors = "write-errors"
+)
 
 // WithStop returns a context that ends with ctx or when stop is closed
 // (nil: never). Its goroutine ends with the context: call cancel.
@@ -93,6 +104,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	switch o.DiskFull {
+	case "", DiskFullAuto, DiskFullWriteErrors:
+	default:
+		return nil, fmt.Errorf("rig: disk_full mode %q: want %s or %s", o.DiskFull, DiskFullAuto, DiskFullWriteErrors)
+	}
 	cfg := envConfig{dir: dir, agentBin: o.Agent, agent: sc.Agent, mqtt: o.MQTT, nats: o.NATS, progress: o.Progress,
 		uplink: o.Uplink, uplinkBroker: o.UplinkBroker}
 	for _, f := range sc.Faults {
@@ -102,7 +118,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			// under load; mochi needs the devices paused for both.
 			cfg.mosquitto = true
 		case scenario.FaultDiskFull:
-			cfg.tmpfsBytes = tmpfsSize
+			cfg.diskFull = true
+			if o.DiskFull != DiskFullWriteErrors {
+				cfg.tmpfsBytes = tmpfsSize
+			}
 		}
 	}
 	switch o.Broker {

@@ -86,7 +86,7 @@ func interrupts(sigs <-chan os.Signal, stop chan<- struct{}, abort func(), done 
 // Synopses, one per subcommand: the top-level usage and each subcommand's
 // --help share them, so the two cannot drift apart.
 const (
-	synRun  = "edgerig run [--agent PATH] [--short] [--json FILE] [--dir DIR] [--keep] [--broker mochi|mosquitto] [--mqtt URL] [--nats URL] [--uplink nats|mqtt] [--uplink-broker URL] [--quiet] SCENARIO"
+	synRun  = "edgerig run [--agent PATH] [--short] [--json FILE] [--dir DIR] [--keep] [--broker mochi|mosquitto] [--mqtt URL] [--nats URL] [--uplink nats|mqtt] [--uplink-broker URL] [--disk-full auto|write-errors] [--quiet] SCENARIO"
 	synDemo = "edgerig demo [--agent PATH] [--duration D] [--devices N] [--dir DIR] [--json FILE] [--uplink nats|mqtt]"
 	synLoad = "edgerig load [--agent PATH] [--devices N] [--duration D] [--connections N] [--reading-interval D] [--json FILE] [--dir DIR] [--mqtt URL | --embedded] [--uplink nats|mqtt]"
 )
@@ -191,6 +191,7 @@ func cmdRun(ctx context.Context, stop <-chan struct{}, args []string, stdout, st
 	broker := fs.String("broker", "", "in-process broker: mochi or mosquitto (default: mosquitto when the scenario restarts the broker or the agent and mosquitto is installed, else mochi)")
 	uplink := fs.String("uplink", rig.UplinkNATS, "the agent's uplink: nats (JetStream) or mqtt (a broker of its own)")
 	uplinkBroker := fs.String("uplink-broker", "", "with --uplink mqtt: this external MQTT broker `URL` instead of an in-process one")
+	diskFull := fs.String("disk-full", rig.DiskFullAuto, "how disk_full fills the disk: auto (a small tmpfs where the rig can mount one, else injected write errors) or write-errors")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -204,6 +205,12 @@ func cmdRun(ctx context.Context, stop <-chan struct{}, args []string, stdout, st
 	case "", "mochi", "mosquitto":
 	default:
 		fmt.Fprintf(stderr, "edgerig run: --broker %q: want mochi or mosquitto\n", *broker)
+		return exitUsage
+	}
+	switch *diskFull {
+	case rig.DiskFullAuto, rig.DiskFullWriteErrors:
+	default:
+		fmt.Fprintf(stderr, "edgerig run: --disk-full %q: want %s or %s\n", *diskFull, rig.DiskFullAuto, rig.DiskFullWriteErrors)
 		return exitUsage
 	}
 	if err := checkFlags(checkURL("mqtt", *mqtt, mqttSchemes...), checkURL("nats", *nats, "nats"),
@@ -222,7 +229,8 @@ func cmdRun(ctx context.Context, stop <-chan struct{}, args []string, stdout, st
 		progress = nil
 	}
 	opts := rig.Options{Agent: *agent, Scenario: sc, Short: *short, Dir: *dir, Keep: *keep,
-		MQTT: *mqtt, NATS: *nats, Broker: *broker, Uplink: *uplink, UplinkBroker: *uplinkBroker, Progress: progress, Stop: stop}
+		MQTT: *mqtt, NATS: *nats, Broker: *broker, Uplink: *uplink, UplinkBroker: *uplinkBroker, Progress: progress, Stop: stop,
+		DiskFull: *diskFull}
 	if err := rig.CheckUplink(opts); err != nil {
 		fmt.Fprintf(stderr, "edgerig run: %v\n", err)
 		return exitUsage

@@ -24,6 +24,7 @@ func TestUsageAndScenarios(t *testing.T) {
 		{[]string{"run", "no-such"}, exitUsage, "neither a stock scenario"},
 		{[]string{"run", "--bogus", "steady"}, exitUsage, "flag provided but not defined"},
 		{[]string{"run", "--broker", "foo", "steady"}, exitUsage, "want mochi or mosquitto"},
+		{[]string{"run", "--disk-full", "fill", "steady"}, exitUsage, `--disk-full "fill": want auto or write-errors`},
 		{[]string{"run", "--uplink", "amqp", "steady"}, exitUsage, "want nats or mqtt"},
 		{[]string{"run", "../../scenario/testdata/invalid/agent-overlap.yaml"}, exitUsage, "agent-overlap.yaml:11: faults[1]: agent_restart at 3s overlaps"},
 		{[]string{"run", "../../scenario/testdata/invalid/durations.yaml"}, exitUsage, "durations.yaml:10: devices[0].interval: \"15ss\" is not a duration"},
