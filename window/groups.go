@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"encoding/binary"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 
@@ -423,6 +424,7 @@ func sweepGroups(w *chunkWriter, bucket []byte, keys [][]byte) error {
 // rows, and bbolt the pages they dirty, in memory at once.
 type chunkWriter struct {
 	db      *bolt.DB
+	log     *slog.Logger
 	tx      *bolt.Tx
 	ar      boltkv.Arena // the current transaction's values
 	written int
@@ -480,6 +482,12 @@ func (w *chunkWriter) commit() error {
 	w.tx = nil
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("commit state transaction: %w", err)
+	}
+	// A transaction's reads fault in its rows' pages and, by the kernel's
+	// fault-around, up to 15 cached neighbours of each: a checkpoint
+	// mapped 14-19 MiB of the state file within the agent's 250 ms drops.
+	if err := boltkv.DropMapped(w.db); err != nil {
+		w.log.Warn("state: releasing mapped pages failed", "err", err)
 	}
 	return nil
 }
