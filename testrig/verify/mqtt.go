@@ -46,7 +46,8 @@ type mqttSource struct {
 }
 
 // StartMQTT subscribes to the uplink topic and returns once the broker has
-// acknowledged the subscription. An earlier session of the same client id
+// acknowledged the subscription and a marker the verifier published to its
+// own drain topic has come back through it. An earlier session of the same client id
 // is discarded first (a clean-session connect), so batches a previous run
 // left queued are not counted.
 func StartMQTT(cfg MQTTConfig) (*Verifier, error) {
@@ -69,6 +70,34 @@ func StartMQTT(cfg MQTTConfig) (*Verifier, error) {
 	if err := discardSession(cfg.Broker, cfg.ClientID); err != nil {
 		return nil, fmt.Errorf("verify: discard the old session: %w", err)
 	}
+	v.mqtt = s
+	var err error
+	for attempt := 1; ; attempt++ {
+		if err = s.connect(cfg, v); err == nil {
+			// The broker may still be tearing down the session just
+			// discarded: mochi, when that connection's cleanup runs after
+			// the new one attached, removes the new client from its
+			// registry by their shared id and then routes nothing to it,
+			// on a connection that stays up. A marker that comes back
+			// proves the subscription; without it, connect again.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			err = s.waitDrained(ctx)
+			cancel()
+			if err == nil {
+				return v, nil
+			}
+			s.client.Disconnect(100)
+		}
+		if attempt == 3 {
+			return nil, fmt.Errorf("verify: %s: %w", cfg.Broker, err)
+		}
+		cfg.Logger.Debug("verify: mqtt subscription not working; connecting again", "err", err)
+	}
+}
+
+// connect connects s.client with a persistent session and returns once
+// its first subscription is acknowledged (or failed).
+func (s *mqttSource) connect(cfg MQTTConfig, v *Verifier) error {
 	subscribed := make(chan error, 1)
 	var first sync.Once
 	onConnect := func(c paho.Client) {
@@ -82,21 +111,20 @@ func StartMQTT(cfg MQTTConfig) (*Verifier, error) {
 		}
 		first.Do(func() { subscribed <- err })
 	}
-	var err error
-	if s.client, err = newMQTTClient(cfg.Broker, cfg.ClientID, false, onConnect); err != nil {
-		return nil, fmt.Errorf("verify: %w", err)
+	c, err := newMQTTClient(cfg.Broker, cfg.ClientID, false, onConnect)
+	if err != nil {
+		return err
 	}
-	v.mqtt = s
+	s.client = c
 	select {
 	case err = <-subscribed:
 	case <-time.After(15 * time.Second):
 		err = fmt.Errorf("subscribe %s: no answer within 15s", s.topic)
 	}
 	if err != nil {
-		v.Close()
-		return nil, fmt.Errorf("verify: %s: %w", cfg.Broker, err)
+		c.Disconnect(100)
 	}
-	return v, nil
+	return err
 }
 
 // discardSession connects with a clean session and disconnects: that

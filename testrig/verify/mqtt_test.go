@@ -2,10 +2,14 @@ package verify
 
 import (
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	paho "github.com/eclipse/paho.mqtt.golang"
+	mochi "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/hooks/auth"
+	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/edgeagent/edgeagent/testrig/mqtttest"
 	"github.com/edgeagent/edgeagent/testrig/truth"
@@ -95,5 +99,68 @@ func TestMQTTUplinkFreshSession(t *testing.T) {
 	drain(t, v)
 	if p := v.Progress(); p.Messages != 1 || p.Windows != 1 {
 		t.Fatalf("progress %+v, want only the new batch", p)
+	}
+}
+
+// deafFirstSession plays a broker that acknowledges the verifier's first
+// session's subscription but routes nothing to it, as mochi does when the
+// cleanup of the session StartMQTT discarded runs after the new connection
+// attached (it drops the new client from its registry by their shared id).
+type deafFirstSession struct {
+	mochi.HookBase
+	clientID    string
+	connections atomic.Int32
+}
+
+func (h *deafFirstSession) ID() string { return "deaf-first-session" }
+
+func (h *deafFirstSession) Provides(b byte) bool {
+	return b == mochi.OnConnect || b == mochi.OnSubscribe
+}
+
+// OnConnect runs before the broker answers the connect, so the count is
+// up to date before the client can subscribe.
+func (h *deafFirstSession) OnConnect(cl *mochi.Client, pk packets.Packet) error {
+	if cl.ID == h.clientID && !pk.Connect.Clean { // not StartMQTT's discarding connect
+		h.connections.Add(1)
+	}
+	return nil
+}
+
+// OnSubscribe moves the first session's filters where nothing is
+// published: the broker acknowledges them and routes the verifier nothing.
+func (h *deafFirstSession) OnSubscribe(cl *mochi.Client, pk packets.Packet) packets.Packet {
+	if cl.ID == h.clientID && h.connections.Load() == 1 {
+		for i := range pk.Filters {
+			pk.Filters[i].Filter = "deaf/" + pk.Filters[i].Filter
+		}
+	}
+	return pk
+}
+
+// TestMQTTStartProvesItsSubscription: a first session that receives
+// nothing is found out by StartMQTT's marker, and the verifier connects
+// again; the batches published after it starts then all arrive. Without
+// the marker the verifier would wait out the run with nothing (a CI run
+// lost 2,114 windows so).
+func TestMQTTStartProvesItsSubscription(t *testing.T) {
+	const id = "verify-deaf"
+	hook := &deafFirstSession{clientID: id}
+	url := mqtttest.StartMochiWith(t, new(auth.AllowHook), hook)
+	v, err := StartMQTT(MQTTConfig{Broker: url, Topic: mqttTopic, ClientID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { v.Close() })
+	if n := hook.connections.Load(); n < 2 {
+		t.Fatalf("%d sessions of the verifier, want a second after the deaf first", n)
+	}
+	pub := mqtttest.NewPublisher(t, url, "agent-uplink")
+	pub.PublishAll(t, mqttTopic, 1, [][]byte{body(t, "b1", wire.EncodingNone, agg("a", "t", 0, 1, 1, 2))})
+	drain(t, v)
+	r := v.Compare(&truth.Expected{Windows: map[truth.Key]*truth.Window{{Device: "a", Metric: "t", Start: 0}: window(1, 2)},
+		PTime: map[truth.SeriesKey]*truth.Series{}}, CompareOptions{Gateway: gw, Aggregates: all})
+	if w := r.Windows; w.Correct != 1 || w.Missing != 0 {
+		t.Fatalf("windows %+v, want the one published window correct", w)
 	}
 }
