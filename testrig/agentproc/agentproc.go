@@ -44,8 +44,10 @@ type Process struct {
 	// logStart is the log's size when the current run started.
 	logStart int64
 	// pipe sends the agent's output through a pipe (PipeOutput);
-	// writesBlocked is set between BlockWrites(true) and (false).
+	// writesBlocked is set between BlockWrites(true) and (false), and
+	// blockErr holds why a start within that span could not be limited.
 	pipe, writesBlocked bool
+	blockErr            error
 }
 
 // Exit is one end of the agent process.
@@ -123,7 +125,11 @@ func (p *Process) Start() error {
 	}()
 	if p.writesBlocked {
 		// A moment after the start: a write the agent makes first succeeds.
-		return limitGroupWrites(cmd.Process.Pid, false)
+		// The agent runs either way, so a failure is no failure to start:
+		// BlockWrites(false) reports it, with the fault it spoils.
+		if err := limitGroupWrites(cmd.Process.Pid, false); err != nil {
+			p.blockErr = errors.Join(p.blockErr, err)
+		}
 	}
 	return nil
 }
@@ -139,17 +145,23 @@ func (p *Process) PipeOutput() {
 
 // BlockWrites(true) makes every write of the agent's processes to a
 // regular file fail with EFBIG (a file size limit of 0) — its data files
-// and, without PipeOutput, its log — now and at every start until
-// BlockWrites(false) lifts it. It is disk_full's injected write error
-// where the rig cannot mount a small filesystem to fill.
+// and, without PipeOutput, its log — now and, from a moment after it, at
+// every start until BlockWrites(false) lifts it. It is disk_full's
+// injected write error where the rig cannot mount a small filesystem to
+// fill. BlockWrites(false) also returns why a start in between could not
+// be limited.
 func (p *Process) BlockWrites(on bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.writesBlocked = on
-	if p.cmd == nil {
-		return nil
+	var err error
+	if p.cmd != nil {
+		err = limitGroupWrites(p.cmd.Process.Pid, !on)
 	}
-	return limitGroupWrites(p.cmd.Process.Pid, !on)
+	if !on {
+		err, p.blockErr = errors.Join(p.blockErr, err), nil
+	}
+	return err
 }
 
 func tvSec(tv syscall.Timeval) float64 { return float64(tv.Sec) + float64(tv.Usec)/1e6 }

@@ -70,6 +70,8 @@ func fakeRig() {
 func fakeWriter() {
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGUSR1, syscall.SIGTERM)
+	// Its pid goes to the log, not a file: its file writes may be blocked.
+	fmt.Printf("fake writer pid %d\n", os.Getpid())
 	fmt.Println(`level=INFO msg="connected to broker"`)
 	for n := 1; ; n++ {
 		if <-sig == syscall.SIGTERM {
@@ -281,8 +283,10 @@ func TestWrapperWithoutExecLeavesNoAgent(t *testing.T) {
 // while blocked, the log still arrives through the pipe, and they succeed
 // again once lifted.
 func TestBlockWrites(t *testing.T) {
-	p := fake(t, "writer")
+	// Before fake: cleanups run last first, so the process is stopped
+	// before its directory goes.
 	t.Setenv(fakeEnv+"_DATA", filepath.Join(t.TempDir(), "data"))
+	p := fake(t, "writer")
 	p.PipeOutput()
 	if err := p.Start(); err != nil {
 		t.Fatal(err)
@@ -319,5 +323,60 @@ func TestBlockWrites(t *testing.T) {
 	}
 	if string(b) != "x\nx\n" {
 		t.Fatalf("data file %q, want the two unblocked writes", b)
+	}
+}
+
+// TestBlockWritesBehindAWrapper starts, while writes are blocked, an agent
+// behind a wrapper script that does not exec it: the script forks the
+// agent around the moment the limit is applied, and the agent must get
+// the limit all the same (a single pass over the group missed it in about
+// a third of the starts).
+func TestBlockWritesBehindAWrapper(t *testing.T) {
+	dir := t.TempDir()
+	script, logPath, data := filepath.Join(dir, "wrap.sh"), filepath.Join(dir, "agent.log"), filepath.Join(dir, "data")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\n\""+os.Args[0]+"\" \"$@\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(fakeEnv, "writer")
+	t.Setenv(fakeEnv+"_DATA", data)
+	p := New(script, "unused.yaml", logPath)
+	p.PipeOutput()
+	t.Cleanup(func() {
+		if p.Running() {
+			p.Kill()
+		}
+	})
+	if err := p.BlockWrites(true); err != nil {
+		t.Fatal(err)
+	}
+	for start := 1; start <= 5; start++ {
+		if err := p.Start(); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 10*time.Second, "the ready line", func() bool { return p.LoggedSinceStart("connected to broker") })
+		log, err := os.ReadFile(logPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, after, ok := strings.Cut(string(log[strings.LastIndex(string(log), "--- edgerig: starting agent"):]), "fake writer pid ")
+		f := strings.Fields(after)
+		if !ok || len(f) == 0 {
+			t.Fatalf("no pid in the log since the start:\n%s", log)
+		}
+		pid, err := strconv.Atoi(f[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Kill(pid, syscall.SIGUSR1); err != nil {
+			t.Fatal(err)
+		}
+		line := "write 1: write " + data + ": file too large"
+		waitFor(t, 10*time.Second, fmt.Sprintf("start %d: %q", start, line), func() bool { return p.LoggedSinceStart(line) })
+		if _, err := p.Terminate(10 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.BlockWrites(false); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -74,16 +74,32 @@ func groupMembers(pgid int) ([]int, error) {
 // 0 to every process of group pgid: each write(2) to a regular file then
 // fails with EFBIG, the injected write error of disk_full where no small
 // filesystem can be mounted. Go ignores the SIGXFSZ that comes with it.
+// A process the group forks during a pass is not in its listing, so passes
+// repeat until one finds no process it has not handled; a child forked
+// after its parent was handled inherits the parent's limit.
 func limitGroupWrites(pgid int, restore bool) error {
-	pids, err := groupMembers(pgid)
-	if err != nil {
-		return fmt.Errorf("agentproc: list the agent's processes: %w", err)
-	}
+	done := map[int]bool{}
 	var errs []error
-	for _, pid := range pids {
-		if err := setFileSizeLimit(pid, 0, restore); err != nil && !errors.Is(err, syscall.ESRCH) {
-			errs = append(errs, fmt.Errorf("agentproc: file size limit of process %d: %w", pid, err))
+	for pass := 0; ; pass++ {
+		pids, err := groupMembers(pgid)
+		if err != nil {
+			return fmt.Errorf("agentproc: list the agent's processes: %w", err)
+		}
+		fresh := 0
+		for _, pid := range pids {
+			if done[pid] {
+				continue
+			}
+			done[pid], fresh = true, fresh+1
+			if err := setFileSizeLimit(pid, 0, restore); err != nil && !errors.Is(err, syscall.ESRCH) {
+				errs = append(errs, fmt.Errorf("agentproc: file size limit of process %d: %w", pid, err))
+			}
+		}
+		if fresh == 0 {
+			return errors.Join(errs...)
+		}
+		if pass == 100 {
+			return errors.Join(append(errs, errors.New("agentproc: the agent's process group keeps forking; file size limits may be incomplete"))...)
 		}
 	}
-	return errors.Join(errs...)
 }

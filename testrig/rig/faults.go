@@ -242,7 +242,7 @@ func (f *faults) inject(ctx context.Context, ft scenario.Fault, ev *FaultEvent) 
 			}
 			sleepCtx(ctx, ft.For)
 			if err := e.agent.BlockWrites(false); err != nil {
-				ev.Error = joinErr(ev.Error, fmt.Sprintf("lift the write errors: %v", err))
+				ev.Error = joinErr(ev.Error, fmt.Sprintf("write errors: %v", err))
 			}
 		}
 		f.mu.Lock()

@@ -222,11 +222,12 @@ func TestCounterModes(t *testing.T) {
 }
 
 // TestFillDisk fills a real small tmpfs, where the machine lets us mount
-// one (root); the fault is skipped elsewhere, and so is this test.
+// one (root); elsewhere the fault injects write errors instead
+// (TestDiskFullByWriteErrors), and this test is skipped.
 func TestFillDisk(t *testing.T) {
 	dir := t.TempDir()
 	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=4m"); err != nil {
-		t.Skipf("cannot mount a tmpfs here (%v): the disk_full fault is skipped on such machines too", err)
+		t.Skipf("cannot mount a tmpfs here (%v): disk_full injects write errors on such machines", err)
 	}
 	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
 	n, err := fillDisk(dir)

@@ -100,14 +100,20 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err := CheckUplink(o); err != nil {
 		return nil, err
 	}
-	dir, temp, err := runDir(o.Dir, "edgerig-"+sc.Name+"-")
-	if err != nil {
-		return nil, err
-	}
+	// Checked before the run directory exists, so a bad value leaves none.
 	switch o.DiskFull {
 	case "", DiskFullAuto, DiskFullWriteErrors:
 	default:
 		return nil, fmt.Errorf("rig: disk_full mode %q: want %s or %s", o.DiskFull, DiskFullAuto, DiskFullWriteErrors)
+	}
+	switch o.Broker {
+	case "", "mochi", "mosquitto":
+	default:
+		return nil, fmt.Errorf("rig: broker %q: want mochi or mosquitto", o.Broker)
+	}
+	dir, temp, err := runDir(o.Dir, "edgerig-"+sc.Name+"-")
+	if err != nil {
+		return nil, err
 	}
 	cfg := envConfig{dir: dir, agentBin: o.Agent, agent: sc.Agent, mqtt: o.MQTT, nats: o.NATS, progress: o.Progress,
 		uplink: o.Uplink, uplinkBroker: o.UplinkBroker}
@@ -125,13 +131,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 	}
 	switch o.Broker {
-	case "":
 	case "mochi":
 		cfg.mosquitto = false
 	case "mosquitto":
 		cfg.mosquitto, cfg.requireMosquitto = true, true
-	default:
-		return nil, fmt.Errorf("rig: broker %q: want mochi or mosquitto", o.Broker)
 	}
 	e, err := newEnv(ctx, cfg)
 	if err != nil {

@@ -91,7 +91,7 @@ func StartMQTT(cfg MQTTConfig) (*Verifier, error) {
 		if attempt == 3 {
 			return nil, fmt.Errorf("verify: %s: %w", cfg.Broker, err)
 		}
-		cfg.Logger.Debug("verify: mqtt subscription not working; connecting again", "err", err)
+		cfg.Logger.Warn("verify: mqtt subscription not working; connecting again", "err", err)
 	}
 }
 
