@@ -82,10 +82,12 @@ func (p *Process) Start() error {
 	cmd := exec.Command(p.bin, "run", "-c", p.config)
 	cmd.Stdout, cmd.Stderr = f, f
 	if p.pipe {
-		// Not an *os.File, so exec copies the output through a pipe; a
-		// process the group left behind cannot hold Wait for long.
+		// Not an *os.File, so exec copies the output through a pipe. A
+		// process that left the group cannot hold Wait for ever; the delay
+		// is long, since closing the pipe kills (SIGPIPE) an agent still
+		// shutting down behind a wrapper that did not exec it.
 		out := struct{ io.Writer }{f}
-		cmd.Stdout, cmd.Stderr, cmd.WaitDelay = out, out, 5*time.Second
+		cmd.Stdout, cmd.Stderr, cmd.WaitDelay = out, out, time.Minute
 	}
 	// Its own process group (a Ctrl-C reaches the rig, which stops the
 	// agent in order), and it dies with the rig.
