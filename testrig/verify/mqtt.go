@@ -188,6 +188,11 @@ func (s *mqttSource) waitDrained(ctx context.Context) error {
 	s.mu.Lock()
 	s.seen[id] = ch
 	s.mu.Unlock()
+	defer func() { // a marker that never came back leaves nothing behind
+		s.mu.Lock()
+		delete(s.seen, id)
+		s.mu.Unlock()
+	}()
 	tok := s.client.Publish(s.drainTopic, 1, false, id)
 	select {
 	case <-tok.Done():
