@@ -957,8 +957,7 @@ func resetSlice[T any](s []T) []T {
 	if cap(s) > keptOutputs {
 		return nil
 	}
-	clear(s)
-	return s[:0]
+	return emptied(s)
 }
 
 // resetDelta clears the state delta after a checkpoint wrote it, and

@@ -63,6 +63,22 @@ const (
 	DiskFullWriteErrors = "write-errors"
 )
 
+// CheckOptions refuses options Run cannot run with (Run does too; a
+// command line calls it first to tell a usage error apart).
+func CheckOptions(o Options) error {
+	switch o.Broker {
+	case "", "mochi", "mosquitto":
+	default:
+		return fmt.Errorf("rig: --broker %q: want mochi or mosquitto", o.Broker)
+	}
+	switch o.DiskFull {
+	case "", DiskFullAuto, DiskFullWriteErrors:
+	default:
+		return fmt.Errorf("rig: --disk-full %q: want %s or %s", o.DiskFull, DiskFullAuto, DiskFullWriteErrors)
+	}
+	return CheckUplink(o)
+}
+
 // WithStop returns a context that ends with ctx or when stop is closed
 // (nil: never). Its goroutine ends with the context: call cancel.
 func WithStop(ctx context.Context, stop <-chan struct{}) (context.Context, context.CancelFunc) {
@@ -97,19 +113,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.Short {
 		sc = sc.WithShort()
 	}
-	if err := CheckUplink(o); err != nil {
-		return nil, err
-	}
 	// Checked before the run directory exists, so a bad value leaves none.
-	switch o.DiskFull {
-	case "", DiskFullAuto, DiskFullWriteErrors:
-	default:
-		return nil, fmt.Errorf("rig: disk_full mode %q: want %s or %s", o.DiskFull, DiskFullAuto, DiskFullWriteErrors)
-	}
-	switch o.Broker {
-	case "", "mochi", "mosquitto":
-	default:
-		return nil, fmt.Errorf("rig: broker %q: want mochi or mosquitto", o.Broker)
+	if err := CheckOptions(o); err != nil {
+		return nil, err
 	}
 	dir, temp, err := runDir(o.Dir, "edgerig-"+sc.Name+"-")
 	if err != nil {

@@ -201,18 +201,6 @@ func cmdRun(ctx context.Context, stop <-chan struct{}, args []string, stdout, st
 		fmt.Fprintf(stderr, "edgerig run: want one SCENARIO, got %d\n\n%s", len(pos), usage)
 		return exitUsage
 	}
-	switch *broker {
-	case "", "mochi", "mosquitto":
-	default:
-		fmt.Fprintf(stderr, "edgerig run: --broker %q: want mochi or mosquitto\n", *broker)
-		return exitUsage
-	}
-	switch *diskFull {
-	case rig.DiskFullAuto, rig.DiskFullWriteErrors:
-	default:
-		fmt.Fprintf(stderr, "edgerig run: --disk-full %q: want %s or %s\n", *diskFull, rig.DiskFullAuto, rig.DiskFullWriteErrors)
-		return exitUsage
-	}
 	if err := checkFlags(checkURL("mqtt", *mqtt, mqttSchemes...), checkURL("nats", *nats, "nats"),
 		// The uplink goes through the fault proxy, which speaks plain TCP.
 		checkURL("uplink-broker", *uplinkBroker, "tcp", "mqtt")); err != nil {
@@ -231,7 +219,7 @@ func cmdRun(ctx context.Context, stop <-chan struct{}, args []string, stdout, st
 	opts := rig.Options{Agent: *agent, Scenario: sc, Short: *short, Dir: *dir, Keep: *keep,
 		MQTT: *mqtt, NATS: *nats, Broker: *broker, Uplink: *uplink, UplinkBroker: *uplinkBroker, Progress: progress, Stop: stop,
 		DiskFull: *diskFull}
-	if err := rig.CheckUplink(opts); err != nil {
+	if err := rig.CheckOptions(opts); err != nil {
 		fmt.Fprintf(stderr, "edgerig run: %v\n", err)
 		return exitUsage
 	}
