@@ -11,12 +11,15 @@ import (
 // horizon passes it, which is also the unit a checkpoint writes: one state
 // row per group.
 //
-// Ids sit in plain slices, 8 bytes each, where a Go map took about 30: at
-// 10,000 devices and 10 minutes of lateness that is the larger part of the
-// stage's heap. A lookup scans the live groups, which is cheaper than a map
-// for the few dozen ids a device usually holds; a device past
-// dedupIndexMin ids also keeps a map, so a fast device never scans
-// thousands.
+// The ids of every hot group sit in one slice, group after group, 8 bytes
+// each, and the groups themselves are 16-byte headers: at 10,000 devices
+// and 10 minutes of lateness the dedup sets are one of the largest parts
+// of the stage's heap, and a slice per group cost its header and its
+// growth slack on every group (BenchmarkDedupHeld: 1,424 bytes a device
+// with a slice per group, 760 like this). A lookup scans the ids of the
+// groups that still count, contiguous, which is cheaper than a map for
+// the few dozen ids a device usually holds; a device past dedupIndexMin
+// ids also keeps a map, so a fast device never scans thousands.
 //
 // Groups whose readings' windows were all emitted go cold after the
 // checkpoint that wrote them (see evict): their ids stay only in the state
@@ -27,39 +30,35 @@ import (
 // load mode (10,000 devices, 10 minutes of lateness) the ids' heap went
 // from about 17 MB to about 3.
 type dedupSet struct {
-	groups []dedupIDs // hot groups, by end, ascending
-	n      int        // ids in the hot groups
+	groups []dedupGroup // hot groups, by end, ascending
+	ids    []uint64     // the hot groups' ids, group after group
 	index  map[uint64]int64
 	// cold are the groups held only on disk, by end, ascending; coldFP
-	// their ids' fingerprints, group after group; coldBits a bit per
-	// fingerprint value (modulo its length) that most lookups end at.
-	cold     []coldGroup
+	// their ids' fingerprints, group after group; coldBits, once there are
+	// coldBitsMin fingerprints, a bit per fingerprint value (modulo its
+	// length) that most lookups end at.
+	cold     []dedupGroup
 	coldFP   []uint16
 	coldBits []uint64
-	// filter has a bit set for every id held (nine bits of its hash), so
-	// most lookups of a new id end here instead of walking every group's
-	// slice (a cache miss each); rebuilt when groups are dropped.
-	filter [8]uint64
 	// dropped are the ends of groups removed since the last checkpoint
-	// (their rows are deleted); dirty says the device is in the engine's
-	// list of sets to write.
+	// (their rows are deleted).
 	dropped []int64
-	dirty   bool
 }
 
-type dedupIDs struct {
+// dedupGroup is a group's header: its end and how many ids (hot) or
+// fingerprints (cold) it holds.
+type dedupGroup struct {
 	end   int64
-	ids   []uint64
-	dirty bool // changed since the last checkpoint
-}
-
-type coldGroup struct {
-	end int64
-	n   int // ids, and fingerprints in coldFP
+	n     int32
+	dirty bool // changed since the last checkpoint (hot groups only)
 }
 
 // dedupIndexMin is the set size from which lookups go through a map.
 const dedupIndexMin = 256
+
+// coldBitsMin is the number of cold fingerprints from which lookups first
+// consult coldBits: below it, scanning them costs less than the bits hold.
+const coldBitsMin = 128
 
 // seen reports whether id is held by a hot group that still counts; cold
 // groups are asked through coldCandidates.
@@ -68,13 +67,13 @@ func (s *dedupSet) seen(id uint64, finalBefore int64) bool {
 		end, ok := s.index[id]
 		return ok && end > finalBefore
 	}
-	if w, bit := filterBit(id); s.filter[w]&bit == 0 {
-		return false
-	}
+	hi := len(s.ids)
 	for i := len(s.groups) - 1; i >= 0 && s.groups[i].end > finalBefore; i-- {
-		if slices.Contains(s.groups[i].ids, id) {
+		lo := hi - int(s.groups[i].n)
+		if slices.Contains(s.ids[lo:hi], id) {
 			return true
 		}
+		hi = lo
 	}
 	return false
 }
@@ -84,52 +83,54 @@ func (s *dedupSet) seen(id uint64, finalBefore int64) bool {
 // of id in a group that no longer counts stays there until that group is
 // dropped: no lookup consults it.
 func (s *dedupSet) add(id uint64, end int64) (newlyDirty bool) {
-	i := len(s.groups)
+	i, off := len(s.groups), len(s.ids)
 	for i > 0 && s.groups[i-1].end > end {
 		i--
+		off -= int(s.groups[i].n)
 	}
 	if i == 0 || s.groups[i-1].end != end {
-		s.groups = slices.Insert(s.groups, i, dedupIDs{end: end})
+		s.groups = insertSpare(s.groups, i, dedupGroup{end: end})
 	} else {
 		i--
 	}
+	s.ids = openGap(s.ids, off, 1)
+	s.ids[off] = id
 	g := &s.groups[i]
-	g.ids = append(g.ids, id)
+	g.n++
 	newlyDirty, g.dirty = !g.dirty, true
-	s.n++
 	s.remember(id, end)
 	return newlyDirty
 }
 
 // load adds a stored group (rows come in key order: ascending ends).
 func (s *dedupSet) load(end int64, ids []uint64) {
-	s.groups = append(s.groups, dedupIDs{end: end, ids: ids})
-	s.n += len(ids)
+	s.groups = insertSpare(s.groups, len(s.groups), dedupGroup{end: end, n: int32(len(ids))})
+	s.ids = insertSpare(s.ids, len(s.ids), ids...)
 	for _, id := range ids {
 		s.remember(id, end)
 	}
 }
 
-// remember makes an id already in a group findable: its filter bit, and
-// its index entry once the set is past dedupIndexMin (the index is built
-// once, when the set crosses it, and then kept up).
+// remember makes an id already in a group findable through the index once
+// the set is past dedupIndexMin (the index is built once, when the set
+// crosses it, and then kept up).
 func (s *dedupSet) remember(id uint64, end int64) {
-	w, bit := filterBit(id)
-	s.filter[w] |= bit
 	switch {
 	case s.index != nil:
 		s.indexAdd(id, end)
-	case s.n > dedupIndexMin:
+	case len(s.ids) > dedupIndexMin:
 		s.buildIndex()
 	}
 }
 
 func (s *dedupSet) buildIndex() {
-	s.index = make(map[uint64]int64, s.n)
+	s.index = make(map[uint64]int64, len(s.ids))
+	off := 0
 	for _, g := range s.groups {
-		for _, id := range g.ids {
+		for _, id := range s.ids[off : off+int(g.n)] {
 			s.indexAdd(id, g.end)
 		}
+		off += int(g.n)
 	}
 }
 
@@ -138,6 +139,19 @@ func (s *dedupSet) indexAdd(id uint64, end int64) {
 	if old, ok := s.index[id]; !ok || end > old {
 		s.index[id] = end
 	}
+}
+
+// hotIDs returns the ids of the hot group of end, in place: a checkpoint
+// sorts and writes them.
+func (s *dedupSet) hotIDs(end int64) ([]uint64, bool) {
+	off := 0
+	for _, g := range s.groups {
+		if g.end == end {
+			return s.ids[off : off+int(g.n)], true
+		}
+		off += int(g.n)
+	}
+	return nil, false
 }
 
 // minEnd is the end of the oldest group, hot or cold, or endless.
@@ -161,12 +175,14 @@ func (s *dedupSet) coldCandidates(id uint64, finalBefore int64, check func(end i
 		return false
 	}
 	fp := fingerprint(id)
-	if w, bit := s.coldBit(fp); s.coldBits[w]&bit == 0 {
-		return false
+	if s.coldBits != nil {
+		if w, bit := s.coldBit(fp); s.coldBits[w]&bit == 0 {
+			return false
+		}
 	}
 	hi := len(s.coldFP)
 	for i := len(s.cold) - 1; i >= 0 && s.cold[i].end > finalBefore; i-- {
-		lo := hi - s.cold[i].n
+		lo := hi - int(s.cold[i].n)
 		if slices.Contains(s.coldFP[lo:hi], fp) && check(s.cold[i].end) {
 			return true
 		}
@@ -177,7 +193,7 @@ func (s *dedupSet) coldCandidates(id uint64, finalBefore int64, check func(end i
 
 // coldAt returns the index of the cold group of end.
 func (s *dedupSet) coldAt(end int64) (int, bool) {
-	return slices.BinarySearchFunc(s.cold, end, func(g coldGroup, end int64) int { return cmp.Compare(g.end, end) })
+	return slices.BinarySearchFunc(s.cold, end, func(g dedupGroup, end int64) int { return cmp.Compare(g.end, end) })
 }
 
 // warm makes cold group i hot again with its ids read back from disk, so
@@ -186,14 +202,18 @@ func (s *dedupSet) warm(i int, ids []uint64) {
 	end := s.cold[i].end
 	off := 0
 	for _, g := range s.cold[:i] {
-		off += g.n
+		off += int(g.n)
 	}
-	s.coldFP = slices.Delete(s.coldFP, off, off+s.cold[i].n)
+	s.coldFP = slices.Delete(s.coldFP, off, off+int(s.cold[i].n))
 	s.cold = slices.Delete(s.cold, i, i+1)
 	s.rebuildColdBits()
-	j, _ := slices.BinarySearchFunc(s.groups, end, func(g dedupIDs, end int64) int { return cmp.Compare(g.end, end) })
-	s.groups = slices.Insert(s.groups, j, dedupIDs{end: end, ids: ids})
-	s.n += len(ids)
+	j, hot := len(s.groups), len(s.ids)
+	for j > 0 && s.groups[j-1].end > end {
+		j--
+		hot -= int(s.groups[j].n)
+	}
+	s.groups = insertSpare(s.groups, j, dedupGroup{end: end, n: int32(len(ids))})
+	s.ids = insertSpare(s.ids, hot, ids...)
 	for _, id := range ids {
 		s.remember(id, end)
 	}
@@ -206,8 +226,9 @@ func (s *dedupSet) warm(i int, ids []uint64) {
 func (s *dedupSet) evict(through int64) {
 	k, ids := 0, 0
 	for k < len(s.groups) && s.groups[k].end <= through && !s.groups[k].dirty {
-		s.addCold(s.groups[k].end, s.groups[k].ids)
-		ids += len(s.groups[k].ids)
+		n := int(s.groups[k].n)
+		s.addCold(s.groups[k].end, s.ids[ids:ids+n])
+		ids += n
 		k++
 	}
 	if k > 0 {
@@ -219,6 +240,9 @@ func (s *dedupSet) evict(through int64) {
 // loadCold adds a stored group as cold (rows come in key order).
 func (s *dedupSet) loadCold(end int64, ids []uint64) {
 	s.addCold(end, ids)
+	if len(s.coldFP) < coldBitsMin {
+		return
+	}
 	if len(s.coldBits) == 0 || 64*len(s.coldBits) < 8*len(s.coldFP) && len(s.coldBits) < 1024 {
 		s.rebuildColdBits() // doubles its size: linear over a whole load
 		return
@@ -235,26 +259,24 @@ func (s *dedupSet) addCold(end int64, ids []uint64) {
 	i, off := len(s.cold), len(s.coldFP)
 	for i > 0 && s.cold[i-1].end > end {
 		i--
-		off -= s.cold[i].n
+		off -= int(s.cold[i].n)
 	}
-	s.cold = slices.Insert(s.cold, i, coldGroup{end: end, n: len(ids)})
-	if off == len(s.coldFP) {
-		for _, id := range ids {
-			s.coldFP = append(s.coldFP, fingerprint(id))
-		}
-		return
-	}
-	s.coldFP = slices.Insert(s.coldFP, off, make([]uint16, len(ids))...)
+	s.cold = insertSpare(s.cold, i, dedupGroup{end: end, n: int32(len(ids))})
+	s.coldFP = openGap(s.coldFP, off, len(ids))
 	for j, id := range ids {
 		s.coldFP[off+j] = fingerprint(id)
 	}
 }
 
 // rebuildColdBits sizes coldBits to about eight bits a fingerprint and
-// sets the bit of each.
+// sets the bit of each, or drops it below coldBitsMin fingerprints.
 func (s *dedupSet) rebuildColdBits() {
 	if len(s.coldFP) == 0 {
 		s.cold, s.coldFP, s.coldBits = nil, nil, nil
+		return
+	}
+	if len(s.coldFP) < coldBitsMin {
+		s.coldBits = nil
 		return
 	}
 	words := 1
@@ -278,7 +300,7 @@ func (s *dedupSet) coldBit(fp uint16) (int, uint64) {
 	return b >> 6, 1 << (b & 63)
 }
 
-// fingerprint is the 16 low bits of an id hash (the filters take the top).
+// fingerprint is the 16 low bits of an id hash.
 func fingerprint(id uint64) uint16 { return uint16(id) }
 
 // prune drops the groups, hot and cold, that end at or before finalBefore
@@ -287,18 +309,18 @@ func (s *dedupSet) prune(finalBefore int64) (groups, ids int) {
 	c, cids := 0, 0
 	for c < len(s.cold) && s.cold[c].end <= finalBefore {
 		s.dropped = append(s.dropped, s.cold[c].end)
-		cids += s.cold[c].n
+		cids += int(s.cold[c].n)
 		c++
 	}
 	if c > 0 {
-		s.cold = slices.Delete(s.cold, 0, c)
-		s.coldFP = slices.Delete(s.coldFP, 0, cids)
+		s.cold = shrunk(slices.Delete(s.cold, 0, c))
+		s.coldFP = shrunk(slices.Delete(s.coldFP, 0, cids))
 		s.rebuildColdBits()
 	}
 	k, gone := 0, 0
 	for k < len(s.groups) && s.groups[k].end <= finalBefore {
 		s.dropped = append(s.dropped, s.groups[k].end)
-		gone += len(s.groups[k].ids)
+		gone += int(s.groups[k].n)
 		k++
 	}
 	if k > 0 {
@@ -311,36 +333,21 @@ func (s *dedupSet) prune(finalBefore int64) (groups, ids int) {
 // set (prune deletes them, evict keeps them cold).
 func (s *dedupSet) dropHot(k, ids int) {
 	if s.index != nil {
+		off := 0
 		for _, g := range s.groups[:k] {
-			for _, id := range g.ids {
+			for _, id := range s.ids[off : off+int(g.n)] {
 				if s.index[id] == g.end {
 					delete(s.index, id)
 				}
 			}
+			off += int(g.n)
 		}
 	}
-	s.groups = slices.Delete(s.groups, 0, k)
-	s.n -= ids
-	if s.index != nil && s.n <= dedupIndexMin/2 {
+	s.groups = shrunk(slices.Delete(s.groups, 0, k))
+	s.ids = shrunk(slices.Delete(s.ids, 0, ids))
+	if s.index != nil && len(s.ids) <= dedupIndexMin/2 {
 		s.index = nil
 	}
-	// Bits of dropped ids only cost a needless scan, and with an index the
-	// filter is not consulted: rebuild it only for sets that rely on it.
-	if s.index == nil {
-		s.filter = [8]uint64{}
-		for _, g := range s.groups {
-			for _, id := range g.ids {
-				w, bit := filterBit(id)
-				s.filter[w] |= bit
-			}
-		}
-	}
-}
-
-// filterBit is id's word and bit in dedupSet.filter.
-func filterBit(id uint64) (int, uint64) {
-	b := id >> 55 // the top nine bits: the hash's best mixed
-	return int(b >> 6), 1 << (b & 63)
 }
 
 // written clears the checkpoint marks after a checkpoint wrote the set.
@@ -349,5 +356,39 @@ func (s *dedupSet) written() {
 		s.groups[i].dirty = false
 	}
 	s.dropped = s.dropped[:0]
-	s.dirty = false
+}
+
+// insertSpare is slices.Insert growing by a quarter instead of append's
+// doubling: a device's dedup slices grow and shrink by a group at a time,
+// and 10,000 devices' doubling slack was a large part of their heap.
+func insertSpare[T any](s []T, i int, v ...T) []T {
+	s = openGap(s, i, len(v))
+	copy(s[i:], v)
+	return s
+}
+
+// openGap makes room for n elements at i, growing s by a quarter when it
+// must; the n elements at i hold stale values for the caller to set.
+func openGap[T any](s []T, i, n int) []T {
+	if need := len(s) + n; need > cap(s) {
+		grown := make([]T, len(s), max(4, need+need/4))
+		copy(grown, s)
+		s = grown
+	}
+	s = s[:len(s)+n]
+	copy(s[i+n:], s[i:])
+	return s
+}
+
+// shrunk returns s in a smaller array once it fills under a quarter of
+// its capacity, so a set that was once large (a backlog's burst) does not
+// keep that room.
+func shrunk[T any](s []T) []T {
+	if cap(s) > 16 && len(s) < cap(s)/4 {
+		if len(s) == 0 {
+			return nil
+		}
+		return append(make([]T, 0, len(s)+len(s)/4), s...)
+	}
+	return s
 }

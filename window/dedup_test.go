@@ -3,6 +3,7 @@ package window
 import (
 	"maps"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"testing"
 )
@@ -16,6 +17,9 @@ import (
 // checkpoint writes it. Small id spaces make repeats and stale copies
 // common, and sets cross dedupIndexMin both ways.
 func TestDedupSetMatchesAMap(t *testing.T) {
+	// Both ways of looking up cold fingerprints must be exercised: a scan
+	// of a few, and coldBits once there are coldBitsMin.
+	coldScanned, coldBitsUsed := false, false
 	for seed := range uint64(20) {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		var s dedupSet
@@ -74,7 +78,8 @@ func TestDedupSetMatchesAMap(t *testing.T) {
 				}
 				for _, g := range s.groups {
 					if g.dirty {
-						disk[g.end] = slices.Clone(g.ids)
+						ids, _ := s.hotIDs(g.end)
+						disk[g.end] = slices.Clone(ids)
 					}
 				}
 				s.written()
@@ -94,16 +99,18 @@ func TestDedupSetMatchesAMap(t *testing.T) {
 			}
 			indexed = indexed || s.index != nil
 			wentCold = wentCold || len(s.cold) > 0
+			coldScanned = coldScanned || len(s.cold) > 0 && s.coldBits == nil
+			coldBitsUsed = coldBitsUsed || s.coldBits != nil
 			live := 0
 			for _, g := range s.groups {
-				live += len(g.ids)
+				live += int(g.n)
 			}
-			if live != s.n {
-				t.Fatalf("seed %d step %d: n = %d, hot groups hold %d", seed, step, s.n, live)
+			if live != len(s.ids) {
+				t.Fatalf("seed %d step %d: %d ids, hot groups count %d", seed, step, len(s.ids), live)
 			}
 			cold := 0
 			for _, g := range s.cold {
-				cold += g.n
+				cold += int(g.n)
 			}
 			if cold != len(s.coldFP) {
 				t.Fatalf("seed %d step %d: cold groups count %d ids, %d fingerprints", seed, step, cold, len(s.coldFP))
@@ -115,6 +122,9 @@ func TestDedupSetMatchesAMap(t *testing.T) {
 		if !wentCold || !warmed || reads == 0 {
 			t.Errorf("seed %d: cold groups %v, warmed %v, %d reads: the cold path was not exercised", seed, wentCold, warmed, reads)
 		}
+	}
+	if !coldScanned || !coldBitsUsed {
+		t.Errorf("cold fingerprints scanned %v, through coldBits %v: one lookup path was never exercised", coldScanned, coldBitsUsed)
 	}
 }
 
@@ -130,8 +140,8 @@ func TestDedupSetDropsWholeGroupsInOrder(t *testing.T) {
 	}
 	s.written()
 	groups, ids := s.prune(20)
-	if groups != 2 || ids != 3 || s.n != 1 || s.minEnd() != 30 {
-		t.Fatalf("prune(20) dropped %d groups, %d ids; left n=%d minEnd=%d", groups, ids, s.n, s.minEnd())
+	if groups != 2 || ids != 3 || len(s.ids) != 1 || s.minEnd() != 30 {
+		t.Fatalf("prune(20) dropped %d groups, %d ids; left %d ids, minEnd=%d", groups, ids, len(s.ids), s.minEnd())
 	}
 	if len(s.dropped) != 2 || s.dropped[0] != 10 || s.dropped[1] != 20 {
 		t.Errorf("dropped ends %v, want [10 20] for the checkpoint to delete", s.dropped)
@@ -201,4 +211,42 @@ func BenchmarkDedupSeenCold(b *testing.B) {
 		b.Fatalf("%d of %d random ids seen, %d group reads", found, b.N, reads)
 	}
 	b.ReportMetric(float64(reads)/float64(b.N), "reads/lookup")
+}
+
+// BenchmarkDedupHeld reports the heap load mode's dedup sets hold, per
+// device, at their largest: right before a checkpoint. Each of 10,000
+// devices adds six ids a group end (readings every 10 s, 1-minute
+// windows), groups go after 10 minutes of lateness, and a checkpoint
+// every seven ends (load mode's 10 s between checkpoints at 40 times the
+// clock) makes the groups its watermark passed cold.
+func BenchmarkDedupHeld(b *testing.B) {
+	const devices, lateness, checkpointEvery = 10_000, 10, 7
+	var perDevice float64
+	for range b.N {
+		rng := rand.New(rand.NewPCG(1, 2))
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		sets := make([]dedupSet, devices)
+		for end := int64(1); end <= 40; end++ {
+			for d := range sets {
+				s := &sets[d]
+				s.prune(end - lateness - 1)
+				for range 6 {
+					s.add(rng.Uint64(), end)
+				}
+			}
+			if end%checkpointEvery == 0 && end < 40 {
+				for d := range sets {
+					sets[d].written()
+					sets[d].evict(end - 1)
+				}
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		runtime.KeepAlive(sets)
+		perDevice = float64(after.HeapAlloc-before.HeapAlloc) / devices
+	}
+	b.ReportMetric(perDevice, "bytes/device")
 }

@@ -97,18 +97,20 @@ type device struct {
 	// dedup holds the event-id hashes by the end of the reading's last
 	// window; an id counts while that end is after finalBefore.
 	dedup      dedupSet
-	nextEmit   int64 // min end of windows not yet emitted
-	nextPrune  int64 // min end of emitted windows without pending changes
-	prev, next *device
-	list       *devList
+	nextEmit   int64   // min end of windows not yet emitted
+	nextPrune  int64   // min end of emitted windows without pending changes
+	prev, next *device // in engine.active, or engine.idleList when idle
 	// The small fields last and together: a device is one of the largest
-	// populations in memory (10,000 in load mode), and this keeps it in the
-	// 320-byte size class instead of 352.
+	// populations in memory (10,000 in load mode), and this keeps it at 256
+	// bytes, a size class of its own.
 	shard  uint16 // of its state group rows: shardOf(name)
 	hasMax bool
 	idle   bool // idle-closed: in the idle list
 	dirty  bool
 	dead   bool
+	// dedupDirty says the device is in the engine's list of dedup sets to
+	// write.
+	dedupDirty bool
 }
 
 // seriesOf returns the device's series of metric name, or nil.
@@ -121,11 +123,19 @@ func (d *device) seriesOf(name []byte) *series {
 	return nil
 }
 
+// listOf returns the list d is in.
+func (e *engine) listOf(d *device) *devList {
+	if d.idle {
+		return &e.idleList
+	}
+	return &e.active
+}
+
 // devList is a doubly linked list of devices ordered by lastSeen.
 type devList struct{ head, tail *device }
 
 func (l *devList) push(d *device) {
-	d.list, d.prev, d.next = l, l.tail, nil
+	d.prev, d.next = l.tail, nil
 	if l.tail != nil {
 		l.tail.next = d
 	} else {
@@ -145,7 +155,7 @@ func (l *devList) remove(d *device) {
 	} else {
 		l.tail = d.prev
 	}
-	d.prev, d.next, d.list = nil, nil, nil
+	d.prev, d.next = nil, nil
 }
 
 type sub struct {
@@ -489,8 +499,8 @@ func (e *engine) markDev(d *device) {
 }
 
 func (e *engine) markDedup(d *device) {
-	if !d.dedup.dirty {
-		d.dedup.dirty = true
+	if !d.dedupDirty {
+		d.dedupDirty = true
 		e.dedupDirty = append(e.dedupDirty, d)
 	}
 }
@@ -587,7 +597,7 @@ func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string)
 		e.c.MaxEventTime = t
 	}
 	dev.lastSeen = e.clock
-	dev.list.remove(dev)
+	e.listOf(dev).remove(dev)
 	e.active.push(dev)
 	dev.idle = false
 	if !dev.hasMax || t > dev.maxT {
@@ -890,7 +900,7 @@ func (e *engine) expire(d *device) {
 		e.nEvicted -= n
 	}
 	e.pruneDedup(d, endless)
-	d.list.remove(d)
+	e.listOf(d).remove(d)
 	d.dead = true
 	delete(e.devices, d.name)
 	e.delDevs = append(e.delDevs, d.name)
@@ -978,6 +988,7 @@ func (e *engine) resetDelta() {
 	e.delWins = emptied(e.delWins)
 	for _, d := range e.dedupDirty {
 		d.dedup.written()
+		d.dedupDirty = false
 		if e.loadDedup != nil {
 			d.dedup.evict(e.coldThrough(d))
 		}

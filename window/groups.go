@@ -205,14 +205,13 @@ func (c *rowChange) names() (dev, metric string) {
 	panic(fmt.Sprintf("window: row change of %T", c.ref))
 }
 
-// dedupGroup returns the dedup group a putDedup change writes.
-func (c *rowChange) dedupGroup() *dedupIDs {
-	groups := c.ref.(*device).dedup.groups
-	i, ok := slices.BinarySearchFunc(groups, c.at, func(g dedupIDs, end int64) int { return cmp.Compare(g.end, end) })
+// dedupIDs returns the ids of the dedup group a putDedup change writes.
+func (c *rowChange) dedupIDs() []uint64 {
+	ids, ok := c.ref.(*device).dedup.hotIDs(c.at)
 	if !ok {
 		panic(fmt.Sprintf("window: no dedup group ending at %d", c.at))
 	}
-	return &groups[i]
+	return ids
 }
 
 // maxSize bounds the change's entry.
@@ -223,7 +222,7 @@ func (c *rowChange) maxSize() int {
 	case putWindow:
 		n += maxWindowBytes
 	case putDedup:
-		n += 8 * len(c.dedupGroup().ids)
+		n += 8 * len(c.dedupIDs())
 	case putDevice:
 		n += maxDeviceBytes
 	}
@@ -238,7 +237,7 @@ func (c *rowChange) appendEntry(b, scratch []byte) ([]byte, []byte) {
 		scratch = appendWindow(scratch[:0], c.ref.(*window))
 	case putDedup:
 		scratch = scratch[:0]
-		for _, id := range c.dedupGroup().ids {
+		for _, id := range c.dedupIDs() {
 			scratch = binary.BigEndian.AppendUint64(scratch, id)
 		}
 	default:
@@ -303,11 +302,13 @@ func dedupChanges(changes []rowChange, e *engine) []rowChange {
 		for _, end := range d.dedup.dropped {
 			changes = append(changes, rowChange{at: end, shard: d.shard, kind: delDedup, ref: d})
 		}
-		for i := range d.dedup.groups {
-			if g := &d.dedup.groups[i]; g.dirty {
-				slices.Sort(g.ids) // in place: a group is a set
+		off := 0
+		for _, g := range d.dedup.groups {
+			if g.dirty {
+				slices.Sort(d.dedup.ids[off : off+int(g.n)]) // in place: a group is a set
 				changes = append(changes, rowChange{at: g.end, shard: d.shard, kind: putDedup, ref: d})
 			}
+			off += int(g.n)
 		}
 	}
 	return changes
