@@ -34,9 +34,9 @@
 // are new versions that a restart ignores (see slotted in groups.go), so
 // state and offset still change together (DESIGN invariant 2). Emitted windows
 // without pending changes, which wait out the allowed lateness and are
-// rarely touched again, are evicted from memory once a state checkpoint
-// has written them; late data for one reads its row back. New loads the
-// rest.
+// rarely touched again, are kept encoded (parked) until a state checkpoint
+// writes them, and then only on disk; late data for one reads it back. New
+// loads the rest.
 //
 // # Caveats
 //

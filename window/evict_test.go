@@ -34,6 +34,7 @@ type evictRun struct {
 	loads      uint64 // evicted windows read back
 	maxEvicted int    // most windows evicted at once
 	dedupLoads uint64 // cold dedup groups read back
+	unparks    uint64 // parked windows read back
 	maxCold    int    // most dedup ids cold at once
 }
 
@@ -64,6 +65,7 @@ func runEvicting(t *testing.T, bronzePath, statePath string, cfg Config, restart
 			if s != nil {
 				run.loads += s.eng.loads
 				run.dedupLoads += s.eng.dedupLoads
+				run.unparks += s.eng.unparks
 			}
 			if s, err = New(db, br, cfg); err != nil {
 				t.Fatal(err)
@@ -81,6 +83,7 @@ func runEvicting(t *testing.T, bronzePath, statePath string, cfg Config, restart
 	}
 	run.loads += s.eng.loads
 	run.dedupLoads += s.eng.dedupLoads
+	run.unparks += s.eng.unparks
 	if err := s.Flush(); err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +126,16 @@ func TestEvictionKeepsOutputs(t *testing.T) {
 
 			cfg := tc.cfg
 			checkpointNever(&cfg)
+			parkEmitted = false
 			want := runEvicting(t, bronzePath, filepath.Join(dir, "resident.db"), cfg, false)
+			parkEmitted = true
+			parked := runEvicting(t, bronzePath, filepath.Join(dir, "parked.db"), cfg, false)
+			if parked.unparks == 0 || parked.loads != 0 {
+				t.Fatalf("without a checkpoint: %d parked windows read back for late data, %d from disk; want some, none", parked.unparks, parked.loads)
+			}
+			if !bytes.Equal(parked.out, want.out) {
+				t.Fatalf("parked without a checkpoint: outputs differ from the run without parking\n%s", firstDiff(parked.out, want.out))
+			}
 			if want.maxEvicted != 0 || want.maxCold != 0 {
 				t.Fatalf("the reference run evicted %d windows, %d dedup ids", want.maxEvicted, want.maxCold)
 			}

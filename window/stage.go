@@ -705,7 +705,8 @@ func (s *Stage) publish(res StepResult, batch bool) {
 	st.WrittenThrough = max(e.offset, e.suppressThrough)
 	st.Records, st.Readings = e.c.Records, e.c.Readings
 	st.Emitted, st.Revisions = e.c.Emitted, e.c.Revisions
-	st.OpenWindows, st.EvictedWindows, st.PendingRevisions = e.nWindows, e.nEvicted, len(e.pending)
+	// Parked windows wait in memory, encoded, for the next checkpoint.
+	st.OpenWindows, st.EvictedWindows, st.PendingRevisions = e.nWindows, e.nEvicted-e.nParked, len(e.pending)
 	st.DedupEntries, st.Devices, st.Tombstones = e.nDedup, len(e.devices), len(e.tombstones)
 	st.StateBytes = e.stateBytes()
 	st.Late, st.LateRows, st.LateEvicted = e.c.Late, e.c.LateRows, e.c.LateEvicted
