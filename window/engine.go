@@ -2,7 +2,6 @@ package window
 
 import (
 	"cmp"
-	"encoding/binary"
 	"fmt"
 	"math"
 	"slices"
@@ -72,42 +71,9 @@ type series struct {
 	// is rare, so a window waiting out its lateness costs a bit here
 	// instead of a *window (see engine.park).
 	evicted startSet
-	// parked are the encodings of the series' windows emitted since the
-	// last checkpoint, which writes them: each is its start (8 bytes),
-	// its length (1 byte) and appendWindow's bytes.
-	parked []byte
-}
-
-// eachParked calls fn with each parked window's start and encoding.
-func (s *series) eachParked(fn func(start int64, enc []byte)) {
-	for b := s.parked; len(b) > 0; {
-		n := 9 + int(b[8])
-		fn(int64(binary.LittleEndian.Uint64(b)), b[9:n])
-		b = b[n:]
-	}
-}
-
-// parkedAt returns the parked encoding of the window at start, and its
-// offset in parked.
-func (s *series) parkedAt(start int64) (enc []byte, off int, ok bool) {
-	for off < len(s.parked) {
-		b := s.parked[off:]
-		n := 9 + int(b[8])
-		if int64(binary.LittleEndian.Uint64(b)) == start {
-			return b[9:n], off, true
-		}
-		off += n
-	}
-	return nil, 0, false
-}
-
-// unpark removes the parked window at start, if there is one.
-func (s *series) unpark(start int64) bool {
-	enc, off, ok := s.parkedAt(start)
-	if ok {
-		s.parked = slices.Delete(s.parked, off, off+9+len(enc))
-	}
-	return ok
+	// parked is the newest of the series' windows parked since the last
+	// checkpoint, in engine.parkArena (see engine.park).
+	parked parkRef
 }
 
 func (s *series) find(start int64) *window {
@@ -307,6 +273,8 @@ type engine struct {
 	// checkpoint, nParked those windows; dirtyHoles counts the entries of
 	// dirtyWins that parking emptied (see park).
 	parkedSers []*series
+	parkArena  parkArena
+	parkBuf    []byte
 	nParked    int
 	dirtyHoles int
 	unparks    uint64 // parked windows read back, since New
@@ -693,12 +661,12 @@ func (e *engine) readDedup(dev *device, end int64) ([]uint64, bool) {
 func (e *engine) restore(ser *series, start int64) *window {
 	var w *window
 	var err error
-	if enc, _, ok := ser.parkedAt(start); ok {
+	if enc, ref := e.parkArena.find(ser.parked, start); ref != 0 {
 		// Emitted since the last checkpoint: the state database does not
 		// have it yet, or not as it is.
 		w = new(window)
 		err = decodeWindow(enc, w)
-		ser.unpark(start)
+		e.parkArena.drop(ser.parked, start)
 		e.nParked--
 		e.unparks++
 	} else {
@@ -789,7 +757,7 @@ func (e *engine) pruneDevice(dev *device) {
 // parked one).
 func (e *engine) dropEvicted(ser *series, through int64) {
 	n := ser.evicted.dropThrough(through, e.slideMs, func(start int64) {
-		if ser.unpark(start) {
+		if e.parkArena.drop(ser.parked, start) {
 			e.nParked--
 		}
 		e.delWins = append(e.delWins, seriesStart{start, ser})
@@ -871,7 +839,7 @@ func (e *engine) emit(w *window) {
 var parkEmitted = true
 
 // park moves w, just emitted and without pending changes, out of the
-// heap's windows into its series' parked encodings, where the next
+// heap's windows into the parked encodings, where the next
 // checkpoint finds it; after that checkpoint it is only on disk, and late
 // data for it reads it back from either (restore). An emitted window
 // mostly waits out its lateness untouched, and between checkpoints a fast
@@ -882,7 +850,7 @@ var parkEmitted = true
 func (e *engine) park(w *window) {
 	ser := w.ser
 	i := slices.Index(ser.windows, w)
-	if i < 0 || !w.dirty || e.dirtyWins[w.dirtyAt] != w {
+	if i < 0 || !w.dirty || e.dirtyWins[w.dirtyAt] != w || e.parkArena.full() {
 		return // not where emit leaves it: it stays a window, written as one
 	}
 	last := len(ser.windows) - 1
@@ -892,14 +860,11 @@ func (e *engine) park(w *window) {
 	// Its entry in dirtyWins gives way to its parked one.
 	e.dirtyWins[w.dirtyAt] = nil
 	e.dirtyHoles++
-	if ser.parked == nil {
+	if ser.parked == 0 {
 		e.parkedSers = append(e.parkedSers, ser)
 	}
-	b := binary.LittleEndian.AppendUint64(ser.parked, uint64(w.start))
-	n := len(b)
-	b = appendWindow(append(b, 0), w)
-	b[n] = byte(len(b) - n - 1)
-	ser.parked = b
+	e.parkBuf = appendWindow(e.parkBuf[:0], w)
+	ser.parked = e.parkArena.add(w.start, ser.parked, e.parkBuf)
 	ser.evicted.add(w.start, e.slideMs)
 	e.nEvicted++
 	e.nParked++
@@ -1086,9 +1051,10 @@ func (e *engine) resetDelta() {
 		}
 	}
 	for _, ser := range e.parkedSers {
-		ser.parked = nil // on disk now
+		ser.parked = 0 // on disk now
 	}
 	e.parkedSers = emptied(e.parkedSers)
+	e.parkArena.reset()
 	e.nParked, e.dirtyHoles = 0, 0
 	for _, d := range e.dirtyDevs {
 		d.dirty = false

@@ -176,10 +176,11 @@ type seriesStart struct {
 // about 100,000 changes, and at 72 bytes each (two strings and three
 // pointers) their array alone was 7 MB.
 type rowChange struct {
-	at    int64 // window start, dedup group end, or noTimeKey
-	shard uint16
-	kind  changeKind
-	ref   any // see changeKind
+	at     int64   // window start, dedup group end, or noTimeKey
+	parked parkRef // putParked's entry
+	shard  uint16
+	kind   changeKind
+	ref    any // see changeKind
 }
 
 // changeKind says what a rowChange does, and what its ref is.
@@ -187,7 +188,7 @@ type changeKind uint8
 
 const (
 	putWindow changeKind = iota // ref *window
-	putParked                   // ref *series: its window parked at at
+	putParked                   // ref *series: its window parked at at, in parked
 	delWindow                   // ref *seriesStart, or *winRef
 	putDedup                    // ref *device: its group ending at at
 	delDedup                    // ref *device
@@ -244,16 +245,12 @@ func (c *rowChange) maxSize() int {
 
 // appendEntry appends the change's entry (a put's); scratch holds its
 // payload.
-func (c *rowChange) appendEntry(b, scratch []byte) ([]byte, []byte) {
+func (c *rowChange) appendEntry(b, scratch []byte, parked *parkArena) ([]byte, []byte) {
 	switch c.kind {
 	case putWindow:
 		scratch = appendWindow(scratch[:0], c.ref.(*window))
 	case putParked:
-		enc, _, ok := c.ref.(*series).parkedAt(c.at)
-		if !ok {
-			panic(fmt.Sprintf("window: no window parked at %d", c.at))
-		}
-		scratch = append(scratch[:0], enc...)
+		scratch = append(scratch[:0], parked.encoding(c.parked)...)
 	case putDedup:
 		scratch = scratch[:0]
 		for _, id := range c.dedupIDs() {
@@ -311,8 +308,8 @@ func windowChanges(changes []rowChange, e *engine) []rowChange {
 		}
 	}
 	for _, ser := range e.parkedSers {
-		ser.eachParked(func(start int64, _ []byte) {
-			changes = append(changes, rowChange{at: start, shard: ser.dev.shard, kind: putParked, ref: ser})
+		e.parkArena.each(ser.parked, func(start int64, ref parkRef) {
+			changes = append(changes, rowChange{at: start, parked: ref, shard: ser.dev.shard, kind: putParked, ref: ser})
 		})
 	}
 	return changes
@@ -383,7 +380,7 @@ func writeGroups(w *chunkWriter, bucket []byte, fill float64, changes []rowChang
 		n := len(v)
 		v = binary.AppendUvarint(v, gen)
 		header := len(v)
-		v, scratch, err = mergeGroup(v, scratch, old, changes[i:j])
+		v, scratch, err = mergeGroup(v, scratch, old, changes[i:j], w.parked)
 		if err != nil {
 			return fmt.Errorf("group %x: %w", key, err)
 		}
@@ -454,6 +451,7 @@ type chunkWriter struct {
 	ar      boltkv.Arena // the current transaction's values
 	written int
 	chunks  int
+	parked  *parkArena // the engine's, which putParked changes point into
 }
 
 // chunkBytes bounds the rows one transaction of a checkpoint writes. It
@@ -527,7 +525,7 @@ func (w *chunkWriter) abort() {
 
 // mergeGroup appends to out the entries of the stored row old with the
 // sorted changes applied; scratch is for a payload's encoding.
-func mergeGroup(out, scratch, old []byte, changes []rowChange) ([]byte, []byte, error) {
+func mergeGroup(out, scratch, old []byte, changes []rowChange, parked *parkArena) ([]byte, []byte, error) {
 	d := decoder{b: old}
 	var cur groupEntry
 	next := func() bool {
@@ -557,7 +555,7 @@ func mergeGroup(out, scratch, old []byte, changes []rowChange) ([]byte, []byte, 
 			}
 			if order <= 0 {
 				if c.put() {
-					out, scratch = c.appendEntry(out, scratch)
+					out, scratch = c.appendEntry(out, scratch, parked)
 				}
 				k = m
 				if order == 0 {

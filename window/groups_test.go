@@ -192,7 +192,7 @@ func TestMergeGroup(t *testing.T) {
 		putChange("d", "t", w(6)), // append
 		delChange("e", "t"),       // delete of a window not stored
 	}
-	out, _, err := mergeGroup(nil, nil, old, changes)
+	out, _, err := mergeGroup(nil, nil, old, changes, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +217,7 @@ func TestMergeGroup(t *testing.T) {
 			t.Fatalf("entries %v, want %v", got, want)
 		}
 	}
-	if _, _, err := mergeGroup(nil, nil, old[:len(old)-3], nil); err == nil {
+	if _, _, err := mergeGroup(nil, nil, old[:len(old)-3], nil, nil); err == nil {
 		t.Fatal("a truncated group row merged without an error")
 	}
 }
@@ -245,14 +245,14 @@ func FuzzGroupRow(f *testing.F) {
 			if !errors.Is(err, ErrCorruptState) {
 				t.Fatalf("error %v is not ErrCorruptState", err)
 			}
-			if _, _, merr := mergeGroup(nil, nil, v, nil); merr == nil {
+			if _, _, merr := mergeGroup(nil, nil, v, nil, nil); merr == nil {
 				t.Fatal("a row eachEntry refuses merged without an error")
 			}
 			return
 		}
 		// Equal entries, not bytes: a length may be stored as a longer
 		// uvarint than the one merging writes.
-		same, _, err := mergeGroup(nil, nil, v, nil)
+		same, _, err := mergeGroup(nil, nil, v, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -272,7 +272,7 @@ func FuzzGroupRow(f *testing.F) {
 		for i := range keys {
 			puts[i] = putChange(entries[i][0], entries[i][1], &window{})
 		}
-		merged, _, err := mergeGroup(nil, nil, v, puts)
+		merged, _, err := mergeGroup(nil, nil, v, puts, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

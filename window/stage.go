@@ -475,7 +475,7 @@ func (s *Stage) commit(checkpoint bool) error {
 // writeCheckpoint writes the batch's outputs and the state delta as the
 // next generation, in transactions of about chunkBytes (see slotted).
 func (s *Stage) writeCheckpoint() error {
-	w := &chunkWriter{db: s.db, log: s.log}
+	w := &chunkWriter{db: s.db, log: s.log, parked: &s.eng.parkArena}
 	if err := w.begin(); err != nil {
 		return err
 	}
