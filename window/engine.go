@@ -851,7 +851,9 @@ func (e *engine) park(w *window) {
 	ser := w.ser
 	i := slices.Index(ser.windows, w)
 	if i < 0 || !w.dirty || e.dirtyWins[w.dirtyAt] != w || e.parkArena.full() {
-		return // not where emit leaves it: it stays a window, written as one
+		// Not where emit leaves it, or the arena is full (4 GiB): it stays
+		// a window, written as one, in memory until it is final.
+		return
 	}
 	last := len(ser.windows) - 1
 	ser.windows[i] = ser.windows[last]
@@ -1039,11 +1041,11 @@ func resetSlice[T any](s []T) []T {
 }
 
 // resetDelta clears the state delta after a checkpoint wrote it, and
-// evicts the emitted windows it wrote. The lists keep their arrays for the
-// next delta but not what they pointed to: the collector scans an array
-// to its capacity, so a stale slot kept an evicted window (load mode:
-// tens of thousands, some 5 MB) alive until the next delta overwrote it,
-// and in the live heap the collections after a checkpoint measure.
+// empties the parked windows it wrote, which are now evicted. The lists
+// keep their arrays for the next delta but not what they pointed to: the
+// collector scans an array to its capacity, so a stale slot kept a dropped
+// window alive until the next delta overwrote it, and in the live heap the
+// collections after a checkpoint measure.
 func (e *engine) resetDelta() {
 	for _, w := range e.dirtyWins {
 		if w != nil {

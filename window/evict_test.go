@@ -28,6 +28,15 @@ func checkpointNever(cfg *Config) {
 	cfg.CheckpointInterval = time.Hour
 }
 
+// withoutParking runs fn with emitted windows kept as windows (see
+// parkEmitted), and parks them again after it, even if fn fails the test.
+func withoutParking(t *testing.T, fn func()) {
+	t.Helper()
+	parkEmitted = false
+	defer func() { parkEmitted = true }()
+	fn()
+}
+
 // evictRun is what runEvicting saw.
 type evictRun struct {
 	out        []byte
@@ -126,9 +135,8 @@ func TestEvictionKeepsOutputs(t *testing.T) {
 
 			cfg := tc.cfg
 			checkpointNever(&cfg)
-			parkEmitted = false
-			want := runEvicting(t, bronzePath, filepath.Join(dir, "resident.db"), cfg, false)
-			parkEmitted = true
+			var want evictRun
+			withoutParking(t, func() { want = runEvicting(t, bronzePath, filepath.Join(dir, "resident.db"), cfg, false) })
 			parked := runEvicting(t, bronzePath, filepath.Join(dir, "parked.db"), cfg, false)
 			if parked.unparks == 0 || parked.loads != 0 {
 				t.Fatalf("without a checkpoint: %d parked windows read back for late data, %d from disk; want some, none", parked.unparks, parked.loads)

@@ -257,8 +257,9 @@ func (s *Stage) reload() error {
 }
 
 // loadWindow reads an evicted window's entry back from the state
-// database. The entry is current: a window is evicted only right after a
-// checkpoint wrote it, and is not written again until it is loaded back.
+// database. The entry is current: a window parked since the last
+// checkpoint is read back from its encoding instead (restore), and an
+// evicted one is not written again until it is read back.
 func (s *Stage) loadWindow(dev, metric string, start int64) (*window, error) {
 	w := &window{}
 	err := s.readEntry(bucketWindowGroups, start, dev, metric, func(win []byte) error { return decodeWindow(win, w) })

@@ -180,8 +180,11 @@ func (s *mqttSource) handle(v *Verifier, m paho.Message) {
 
 // waitDrained publishes a marker on the verifier's own drain topic and
 // waits for it: the broker delivers a session's messages in the order it
-// accepted them, so everything it had accepted for the uplink topic before
-// the marker has then been handled.
+// routed them, so everything it had routed for the uplink topic before the
+// marker has then been handled. Routed, not acknowledged: mochi sends a
+// QoS1 PUBLISH's PUBACK before it routes it, so a marker sent right after
+// another client's PUBACK may overtake that message. The rig drains after
+// the agent has stopped, seconds after its last publish.
 func (s *mqttSource) waitDrained(ctx context.Context) error {
 	id := "drain-" + strconv.FormatUint(s.markers.Add(1), 10)
 	ch := make(chan struct{})

@@ -49,7 +49,7 @@ func TestMQTTUplink(t *testing.T) {
 		b2, // a redelivery
 		[]byte("not a batch"),
 	})
-	drain(t, v)
+	publishedAndDrained(t, v, 4)
 	exp := &truth.Expected{Windows: map[truth.Key]*truth.Window{
 		{Device: "a", Metric: "t", Start: 0}:      window(1, 2),
 		{Device: "a", Metric: "t", Start: 60_000}: window(3, 4, 5),
@@ -96,7 +96,7 @@ func TestMQTTUplinkFreshSession(t *testing.T) {
 	}
 	t.Cleanup(func() { v.Close() })
 	pub.Publish(t, mqttTopic, 1, body(t, "new", wire.EncodingZstd, agg("a", "t", 0, 1, 1)))
-	drain(t, v)
+	publishedAndDrained(t, v, 1)
 	if p := v.Progress(); p.Messages != 1 || p.Windows != 1 {
 		t.Fatalf("progress %+v, want only the new batch", p)
 	}
@@ -157,10 +157,10 @@ func TestMQTTStartProvesItsSubscription(t *testing.T) {
 	}
 	pub := mqtttest.NewPublisher(t, url, "agent-uplink")
 	pub.PublishAll(t, mqttTopic, 1, [][]byte{body(t, "b1", wire.EncodingNone, agg("a", "t", 0, 1, 1, 2))})
-	drain(t, v)
+	publishedAndDrained(t, v, 1)
 	r := v.Compare(&truth.Expected{Windows: map[truth.Key]*truth.Window{{Device: "a", Metric: "t", Start: 0}: window(1, 2)},
 		PTime: map[truth.SeriesKey]*truth.Series{}}, CompareOptions{Gateway: gw, Aggregates: all})
 	if w := r.Windows; w.Correct != 1 || w.Missing != 0 {
-		t.Fatalf("windows %+v, want the one published window correct", w)
+		t.Fatalf("windows %+v, want the one published window correct (progress %+v, %d sessions, last error %q)", w, v.Progress(), hook.connections.Load(), v.LastError())
 	}
 }

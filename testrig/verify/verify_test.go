@@ -105,6 +105,23 @@ func drain(t *testing.T, v *Verifier) {
 	}
 }
 
+// publishedAndDrained waits until the verifier has received n messages,
+// then drains it. The drain alone is not enough right after a publish:
+// mochi acknowledges a QoS1 PUBLISH before it routes it, so the verifier's
+// own marker, on another connection, can overtake a batch whose PUBACK the
+// publisher already has (a CI run saw 0 of 1 windows so).
+func publishedAndDrained(t *testing.T, v *Verifier, n uint64) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for v.Progress().Messages < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("verifier received %d messages, want %d (last error %q)", v.Progress().Messages, n, v.LastError())
+		}
+		time.Sleep(10 * time.Millisecond) // poll interval
+	}
+	drain(t, v)
+}
+
 func waitAggregates(t *testing.T, v *Verifier, n uint64) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
