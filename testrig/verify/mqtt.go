@@ -200,16 +200,16 @@ func (s *mqttSource) waitDrained(ctx context.Context) error {
 	select {
 	case <-tok.Done():
 		if err := tok.Error(); err != nil {
-			return fmt.Errorf("verify: drain: publish marker: %w", err)
+			return fmt.Errorf("drain: publish marker: %w", err)
 		}
 	case <-ctx.Done():
-		return fmt.Errorf("verify: drain: publish marker: %w", ctx.Err())
+		return fmt.Errorf("drain: publish marker: %w", ctx.Err())
 	}
 	select {
 	case <-ch:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("verify: drain: marker not received: %w", ctx.Err())
+		return fmt.Errorf("drain: marker not received: %w", ctx.Err())
 	}
 }
 

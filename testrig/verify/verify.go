@@ -358,7 +358,10 @@ func (v *Verifier) StreamLastSeq(ctx context.Context) (uint64, error) {
 // when it was called has been consumed, or ctx ends.
 func (v *Verifier) WaitDrained(ctx context.Context) error {
 	if v.mqtt != nil {
-		return v.mqtt.waitDrained(ctx)
+		if err := v.mqtt.waitDrained(ctx); err != nil {
+			return fmt.Errorf("verify: %w", err) // StartMQTT adds its own
+		}
+		return nil
 	}
 	var last uint64
 	for {
