@@ -402,7 +402,7 @@ func TestParkingThroughFailuresAndRestarts(t *testing.T) {
 	}{
 		{"no-checkpoint-crash-changed", false, 37, 0.02, []Config{base, changed, changed}, []uint64{n / 4, 3 * n / 5, n + 10}},
 		{"every-batch-crash-changed", true, 37, 0.02, []Config{base, changed, base}, []uint64{n / 4, 3 * n / 5, n + 10}},
-		{"every-batch-small", true, 5, 0.01, []Config{base, changed}, []uint64{n / 2, n + 10}},
+		{"every-batch-small", true, 9, 0.01, []Config{base, changed}, []uint64{n / 2, n + 10}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			phases := slices.Clone(tc.phases)
