@@ -661,17 +661,14 @@ func (e *engine) readDedup(dev *device, end int64) ([]uint64, bool) {
 func (e *engine) restore(ser *series, start int64) *window {
 	var w *window
 	var err error
-	if enc, ref := e.parkArena.find(ser.parked, start); ref != 0 {
+	enc, ref := e.parkArena.find(ser.parked, start)
+	if ref != 0 {
 		// Emitted since the last checkpoint: the state database does not
 		// have it yet, or not as it is.
 		w = new(window)
 		err = decodeWindow(enc, w)
-		e.parkArena.drop(ser.parked, start)
-		e.nParked--
-		e.unparks++
 	} else {
 		w, err = e.load(ser.dev.name, ser.name, start)
-		e.loads++
 	}
 	if err == nil && (!w.emitted || w.pending) {
 		// Only emitted windows without pending changes are evicted.
@@ -682,6 +679,13 @@ func (e *engine) restore(ser *series, start int64) *window {
 		return nil
 	}
 	w.ser, w.start, w.dirty, w.dead = ser, start, false, false
+	if ref != 0 {
+		e.parkArena.drop(ser.parked, start)
+		e.nParked--
+		e.unparks++
+	} else {
+		e.loads++
+	}
 	ser.evicted.remove(start, e.slideMs)
 	ser.windows = append(ser.windows, w)
 	e.nEvicted--
