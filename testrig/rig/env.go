@@ -65,6 +65,9 @@ type env struct {
 	mochi      *servers.Mochi // the in-process mochi, when it is the broker
 	nats       *servers.NATS  // nil when external
 	natsURL    string
+	// streamReused says the JetStream stream held earlier runs' batches
+	// when this run started (an external --nats); see planFor.
+	streamReused bool
 	// uplinkMochi is the in-process MQTT uplink broker (--uplink mqtt);
 	// uplinkName says what carries the uplink, for the report.
 	uplinkMochi *servers.Mochi

@@ -301,7 +301,7 @@ func Load(ctx context.Context, o LoadOptions) (*LoadReport, error) {
 	if err := e.startAgent(ctx, 30*time.Second); err != nil {
 		return nil, err
 	}
-	plan, err := sim.NewPlan(sc, time.Now())
+	plan, err := e.planFor(sc)
 	if err != nil {
 		return nil, err
 	}

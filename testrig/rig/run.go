@@ -190,7 +190,7 @@ func run(ctx context.Context, e *env, sc *scenario.Scenario, o Options) (*Report
 	if err := e.startAgent(ctx, 30*time.Second); err != nil {
 		return nil, err
 	}
-	plan, err := sim.NewPlan(sc, time.Now())
+	plan, err := e.planFor(sc)
 	if err != nil {
 		return nil, err
 	}

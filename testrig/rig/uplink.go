@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/edgeagent/edgeagent/testrig/faultproxy"
+	"github.com/edgeagent/edgeagent/testrig/scenario"
 	"github.com/edgeagent/edgeagent/testrig/servers"
+	"github.com/edgeagent/edgeagent/testrig/sim"
 	"github.com/edgeagent/edgeagent/testrig/verify"
 )
 
@@ -79,6 +81,7 @@ func (e *env) startUplink(ctx context.Context) (string, error) {
 		return "", err
 	}
 	if after > 0 {
+		e.streamReused = true
 		e.logf("stream %s on %s already holds messages up to sequence %d (earlier runs'); the verifier reads only what comes after", Stream, e.natsURL, after)
 	}
 	if e.proxy, err = faultproxy.New(natsAddr); err != nil {
@@ -119,4 +122,23 @@ func (e *env) startMQTTUplink() (string, error) {
 		return "", err
 	}
 	return "tcp://" + e.proxy.Addr(), nil
+}
+
+// planFor plans sc's run starting now. On a stream that holds earlier
+// runs' batches, the plan takes a seed of its own: a run repeating an
+// earlier one's seed minutes later sends the same readings at nearly the
+// same event times, and so seals the same aggregates into batches of the
+// same ids (the outbox numbers its rows from 1 again, and the id hashes
+// the rows); JetStream drops such a batch as a duplicate within its
+// duplicate window (2 minutes), and this run's verifier, which reads only
+// what comes after the earlier runs, never sees it. The run's truth comes
+// from the same plan, and the report says which seed it used.
+func (e *env) planFor(sc *scenario.Scenario) (*sim.Plan, error) {
+	if e.streamReused {
+		own := *sc
+		own.Seed ^= uint64(time.Now().UnixNano()) | 1
+		e.logf("seed %d for this run instead of the scenario's %d, so that no batch repeats an earlier run's", own.Seed, sc.Seed)
+		sc = &own
+	}
+	return sim.NewPlan(sc, time.Now())
 }
