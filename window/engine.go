@@ -270,13 +270,11 @@ type engine struct {
 	nEvicted int    // windows in series.evicted (counted in nWindows too)
 	loads    uint64 // evicted windows read back from disk, since New
 	// parkedSers are the series with windows parked since the last
-	// checkpoint, nParked those windows; dirtyHoles counts the entries of
-	// dirtyWins that parking emptied (see park).
+	// checkpoint, nParked those windows (see park).
 	parkedSers []*series
 	parkArena  parkArena
 	parkBuf    []byte
 	nParked    int
-	dirtyHoles int
 	unparks    uint64 // parked windows read back, since New
 	// dedupLoads are cold dedup groups read back, since New.
 	dedupLoads uint64
@@ -863,9 +861,13 @@ func (e *engine) park(w *window) {
 	ser.windows[i] = ser.windows[last]
 	ser.windows[last] = nil
 	ser.windows = ser.windows[:last]
-	// Its entry in dirtyWins gives way to its parked one.
-	e.dirtyWins[w.dirtyAt] = nil
-	e.dirtyHoles++
+	// Its entry in dirtyWins gives way to its parked one: the last entry
+	// takes its place (the checkpoint sorts its changes anyway).
+	last = len(e.dirtyWins) - 1
+	moved := e.dirtyWins[last]
+	e.dirtyWins[w.dirtyAt], moved.dirtyAt = moved, w.dirtyAt
+	e.dirtyWins[last] = nil
+	e.dirtyWins = e.dirtyWins[:last]
 	if ser.parked == 0 {
 		e.parkedSers = append(e.parkedSers, ser)
 	}
@@ -1052,16 +1054,14 @@ func resetSlice[T any](s []T) []T {
 // collections after a checkpoint measure.
 func (e *engine) resetDelta() {
 	for _, w := range e.dirtyWins {
-		if w != nil {
-			w.dirty = false
-		}
+		w.dirty = false
 	}
 	for _, ser := range e.parkedSers {
 		ser.parked = 0 // on disk now
 	}
 	e.parkedSers = emptied(e.parkedSers)
 	e.parkArena.reset()
-	e.nParked, e.dirtyHoles = 0, 0
+	e.nParked = 0
 	for _, d := range e.dirtyDevs {
 		d.dirty = false
 	}
@@ -1091,7 +1091,7 @@ func emptied[T any](s []T) []T {
 // deltaSize is the number of windows, dedup groups and devices the next
 // checkpoint writes or deletes (into fewer group rows).
 func (e *engine) deltaSize() int {
-	return len(e.dirtyWins) - e.dirtyHoles + e.nParked + len(e.delWins) + e.dedupRows + len(e.dirtyDevs) + len(e.delDevs)
+	return len(e.dirtyWins) + e.nParked + len(e.delWins) + e.dedupRows + len(e.dirtyDevs) + len(e.delDevs)
 }
 
 // stateBytes estimates the in-memory state size.

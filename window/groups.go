@@ -297,13 +297,13 @@ func compareEntry(devA, metricA, devB, metricB string) int {
 // changes. It and its siblings append to the caller's array, so that one
 // array serves the whole checkpoint.
 func windowChanges(changes []rowChange, e *engine) []rowChange {
-	changes = slices.Grow(changes, len(e.delWins)+len(e.dirtyWins)-e.dirtyHoles+e.nParked)
+	changes = slices.Grow(changes, len(e.delWins)+len(e.dirtyWins)+e.nParked)
 	for i := range e.delWins {
 		r := &e.delWins[i]
 		changes = append(changes, rowChange{at: r.start, shard: r.ser.dev.shard, kind: delWindow, ref: r})
 	}
 	for _, w := range e.dirtyWins {
-		if w != nil && !w.dead {
+		if !w.dead {
 			changes = append(changes, rowChange{at: w.start, shard: w.ser.dev.shard, kind: putWindow, ref: w})
 		}
 	}

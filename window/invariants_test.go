@@ -111,14 +111,10 @@ func checkStateInvariants(t *testing.T, s *Stage, checkpointed bool) {
 	if nDedup != e.nDedup {
 		t.Fatalf("nDedup %d, sets hold %d", e.nDedup, nDedup)
 	}
-	holes := 0
-	for _, w := range e.dirtyWins {
-		if w == nil {
-			holes++
+	for i, w := range e.dirtyWins {
+		if w == nil || !w.dirty || int(w.dirtyAt) != i {
+			t.Fatalf("dirtyWins[%d] is %v, not a dirty window that knows its place", i, w)
 		}
-	}
-	if holes != e.dirtyHoles {
-		t.Fatalf("dirtyHoles %d, nil slots %d", e.dirtyHoles, holes)
 	}
 	if !checkpointed {
 		return
