@@ -79,11 +79,8 @@ func TestInterruptedCheckpoints(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.AllowedLateness = 10 * time.Minute
 	dir := t.TempDir()
-	bronzePath := filepath.Join(dir, "bronze.db")
-	br := openBronze(t, bronzePath)
-	appendAll(t, br, genStream(41, cfg, genOpts{devices: 6, duration: 90 * time.Minute, period: 20 * time.Second,
+	bronzePath := writeBronze(t, dir, genStream(41, cfg, genOpts{devices: 6, duration: 90 * time.Minute, period: 20 * time.Second,
 		dupRate: 0.1, noIDRate: 0.2, lateRate: 0.1, backlog: 1, grid: time.Second}))
-	br.Close()
 
 	ref := cfg
 	checkpointNever(&ref)
@@ -252,11 +249,8 @@ func TestCutCheckpointsKeepTheCommittedState(t *testing.T) {
 				cfg.AllowedLateness = 5 * time.Minute
 				cfg.IdleTimeout, cfg.DeviceExpiry = 5*time.Minute, 15*time.Minute
 				dir := t.TempDir()
-				bronzePath := filepath.Join(dir, "bronze.db")
-				br := openBronze(t, bronzePath)
-				appendAll(t, br, genStream(seed+3, cfg, genOpts{devices: 5, duration: 50 * time.Minute, period: 20 * time.Second,
+				bronzePath := writeBronze(t, dir, genStream(seed+3, cfg, genOpts{devices: 5, duration: 50 * time.Minute, period: 20 * time.Second,
 					dupRate: 0.1, lateRate: 0.1, backlog: 1, grid: time.Second}))
-				br.Close()
 				ref := cfg
 				checkpointNever(&ref)
 				afterChunk = nil

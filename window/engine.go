@@ -678,7 +678,7 @@ func (e *engine) restore(ser *series, start int64) *window {
 	}
 	w.ser, w.start, w.dirty, w.dead = ser, start, false, false
 	if ref != 0 {
-		e.parkArena.drop(ser.parked, start)
+		e.parkArena.dropAt(ref)
 		e.nParked--
 		e.unparks++
 	} else {

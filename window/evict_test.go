@@ -58,8 +58,10 @@ func coldIDs(e *engine) int {
 
 // runEvicting processes the Bronze at bronzePath into a fresh state DB with
 // cfg, rebuilding the Stage from the database after every batch if
-// restart is set.
-func runEvicting(t *testing.T, bronzePath, statePath string, cfg Config, restart bool) evictRun {
+// restart is set. check, if given, is called once the Stage is built
+// (with false), after every Step (with whether the Step's commit was a
+// checkpoint) and after the final Flush (with true).
+func runEvicting(t *testing.T, bronzePath, statePath string, cfg Config, restart bool, check ...func(s *Stage, checkpointed bool)) evictRun {
 	t.Helper()
 	br, err := buffer.Open(bronzePath, buffer.Options{})
 	if err != nil {
@@ -79,10 +81,16 @@ func runEvicting(t *testing.T, bronzePath, statePath string, cfg Config, restart
 			if s, err = New(db, br, cfg); err != nil {
 				t.Fatal(err)
 			}
+			for _, c := range check {
+				c(s, false)
+			}
 		}
 		res, err := s.Step()
 		if err != nil {
 			t.Fatal(err)
+		}
+		for _, c := range check {
+			c(s, s.checkpointOffset == s.eng.offset)
 		}
 		run.maxEvicted = max(run.maxEvicted, s.Stats().EvictedWindows)
 		run.maxCold = max(run.maxCold, coldIDs(s.eng))
@@ -95,6 +103,9 @@ func runEvicting(t *testing.T, bronzePath, statePath string, cfg Config, restart
 	run.unparks += s.eng.unparks
 	if err := s.Flush(); err != nil {
 		t.Fatal(err)
+	}
+	for _, c := range check {
+		c(s, true)
 	}
 	run.out, _ = outputBytes(t, db)
 	return run
@@ -127,11 +138,8 @@ func TestEvictionKeepsOutputs(t *testing.T) {
 				withShards(t, tc.shards)
 			}
 			dir := t.TempDir()
-			bronzePath := filepath.Join(dir, "bronze.db")
-			br := openBronze(t, bronzePath)
-			appendAll(t, br, genStream(21, tc.cfg, genOpts{devices: 6, duration: 90 * time.Minute, period: 20 * time.Second,
+			bronzePath := writeBronze(t, dir, genStream(21, tc.cfg, genOpts{devices: 6, duration: 90 * time.Minute, period: 20 * time.Second,
 				dupRate: 0.1, noIDRate: 0.2, lateRate: 0.1, backlog: 1, grid: time.Second}))
-			br.Close()
 
 			cfg := tc.cfg
 			checkpointNever(&cfg)

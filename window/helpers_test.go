@@ -102,6 +102,19 @@ func tick(at time.Time) buffer.Record {
 	return buffer.Record{Kind: buffer.KindTick, ReceivedAt: at.UnixNano()}
 }
 
+// writeBronze writes recs to a Bronze log at dir/bronze.db, closes it and
+// returns its path, for runs that each open it again.
+func writeBronze(t testing.TB, dir string, recs []buffer.Record) string {
+	t.Helper()
+	path := filepath.Join(dir, "bronze.db")
+	br := openBronze(t, path)
+	appendAll(t, br, recs)
+	if err := br.Close(); err != nil {
+		t.Fatalf("close bronze: %v", err)
+	}
+	return path
+}
+
 func appendAll(t testing.TB, b *buffer.Bronze, recs []buffer.Record) {
 	t.Helper()
 	for len(recs) > 0 {

@@ -197,39 +197,13 @@ func firstFive(s []string) []string {
 	return s
 }
 
-// runChecked processes bronzePath with cfg, checking invariants after
-// every Step, and returns the outputs.
-func runChecked(t *testing.T, bronzePath, statePath string, cfg Config, restart, everyBatch bool) []byte {
+// runChecked is runEvicting checking the state's invariants after every
+// step, and the stored rows against memory after every checkpoint.
+func runChecked(t *testing.T, bronzePath, statePath string, cfg Config, restart bool) []byte {
 	t.Helper()
-	br, err := buffer.Open(bronzePath, buffer.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer br.Close()
-	db := openDB(t, statePath, true)
-	var s *Stage
-	for {
-		if s == nil || restart {
-			if s, err = New(db, br, cfg); err != nil {
-				t.Fatal(err)
-			}
-			checkStateInvariants(t, s, false)
-		}
-		res, err := s.Step()
-		if err != nil {
-			t.Fatal(err)
-		}
-		checkStateInvariants(t, s, everyBatch && s.checkpointOffset == s.eng.offset)
-		if res.Records == 0 {
-			break
-		}
-	}
-	if err := s.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	checkStateInvariants(t, s, true)
-	out, _ := outputBytes(t, db)
-	return out
+	return runEvicting(t, bronzePath, statePath, cfg, restart, func(s *Stage, checkpointed bool) {
+		checkStateInvariants(t, s, checkpointed)
+	}).out
 }
 
 // TestParkingKeepsStateConsistent: hopping windows, devices that expire
@@ -260,14 +234,11 @@ func TestParkingKeepsStateConsistent(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			bronzePath := filepath.Join(dir, "bronze.db")
-			br := openBronze(t, bronzePath)
-			appendAll(t, br, genStream(99, tc.cfg, tc.o))
-			br.Close()
+			bronzePath := writeBronze(t, dir, genStream(99, tc.cfg, tc.o))
 			cfg := tc.cfg
 			checkpointNever(&cfg)
 			var want []byte
-			withoutParking(t, func() { want = runChecked(t, bronzePath, filepath.Join(dir, "resident.db"), cfg, false, false) })
+			withoutParking(t, func() { want = runChecked(t, bronzePath, filepath.Join(dir, "resident.db"), cfg, false) })
 			for _, batch := range []int{13, 300} {
 				for _, restart := range []bool{false, true} {
 					if restart == (batch == 13) {
@@ -276,7 +247,7 @@ func TestParkingKeepsStateConsistent(t *testing.T) {
 					cfg := tc.cfg
 					cfg.MaxRecordsPerBatch = batch
 					checkpointEveryBatch(&cfg)
-					got := runChecked(t, bronzePath, filepath.Join(dir, fmt.Sprintf("e%d-%v.db", batch, restart)), cfg, restart, true)
+					got := runChecked(t, bronzePath, filepath.Join(dir, fmt.Sprintf("e%d-%v.db", batch, restart)), cfg, restart)
 					if !bytes.Equal(got, want) {
 						t.Fatalf("batch %d restart %v: outputs differ\n%s", batch, restart, firstDiff(got, want))
 					}
@@ -284,7 +255,7 @@ func TestParkingKeepsStateConsistent(t *testing.T) {
 				cfg := tc.cfg
 				cfg.MaxRecordsPerBatch = batch
 				checkpointNever(&cfg)
-				got := runChecked(t, bronzePath, filepath.Join(dir, fmt.Sprintf("n%d.db", batch)), cfg, false, false)
+				got := runChecked(t, bronzePath, filepath.Join(dir, fmt.Sprintf("n%d.db", batch)), cfg, false)
 				if !bytes.Equal(got, want) {
 					t.Fatalf("batch %d parked, no checkpoint: outputs differ\n%s", batch, firstDiff(got, want))
 				}
@@ -378,11 +349,8 @@ func TestParkingThroughFailuresAndRestarts(t *testing.T) {
 	base.AllowedLateness = 3 * time.Minute
 	base.DeviceExpiry = 30 * time.Minute
 	dir := t.TempDir()
-	bronzePath := filepath.Join(dir, "bronze.db")
-	br := openBronze(t, bronzePath)
 	recs := genStream(7, base, genOpts{devices: 6, duration: 100 * time.Minute, period: 15 * time.Second, dupRate: 0.15, noIDRate: 0.1, lateRate: 0.1, backlog: 3, grid: time.Second})
-	appendAll(t, br, recs)
-	br.Close()
+	bronzePath := writeBronze(t, dir, recs)
 	n := uint64(len(recs))
 	flushAt := map[uint64]bool{n / 7: true, n / 3: true, n / 2: true}
 	changed := base
@@ -434,20 +402,17 @@ func TestParkingOnAWideGrid(t *testing.T) {
 	wide.DeviceExpiry = 15 * time.Minute
 	wide.IdleTimeout = 40 * time.Second
 	dir := t.TempDir()
-	bronzePath := filepath.Join(dir, "bronze.db")
-	br := openBronze(t, bronzePath)
-	appendAll(t, br, genStream(5, wide, genOpts{devices: 5, duration: 45 * time.Minute, period: 4 * time.Second, dupRate: 0.2, noIDRate: 0.1, lateRate: 0.15, backlog: 3, grid: time.Second}))
-	br.Close()
+	bronzePath := writeBronze(t, dir, genStream(5, wide, genOpts{devices: 5, duration: 45 * time.Minute, period: 4 * time.Second, dupRate: 0.2, noIDRate: 0.1, lateRate: 0.15, backlog: 3, grid: time.Second}))
 	cfg := wide
 	checkpointNever(&cfg)
 	var want []byte
-	withoutParking(t, func() { want = runChecked(t, bronzePath, filepath.Join(dir, "resident.db"), cfg, false, false) })
+	withoutParking(t, func() { want = runChecked(t, bronzePath, filepath.Join(dir, "resident.db"), cfg, false) })
 	for _, batch := range []int{40} {
 		for _, restart := range []bool{true} {
 			cfg := wide
 			cfg.MaxRecordsPerBatch = batch
 			checkpointEveryBatch(&cfg)
-			got := runChecked(t, bronzePath, filepath.Join(dir, fmt.Sprintf("e%d-%v.db", batch, restart)), cfg, restart, true)
+			got := runChecked(t, bronzePath, filepath.Join(dir, fmt.Sprintf("e%d-%v.db", batch, restart)), cfg, restart)
 			if !bytes.Equal(got, want) {
 				t.Fatalf("batch %d restart %v: outputs differ\n%s", batch, restart, firstDiff(got, want))
 			}

@@ -75,10 +75,13 @@ func (a *parkArena) encoding(ref parkRef) []byte {
 func (a *parkArena) drop(head parkRef, start int64) bool {
 	_, r := a.find(head, start)
 	if r != 0 {
-		a.entry(r)[12] |= parkDropped
+		a.dropAt(r)
 	}
 	return r != 0
 }
+
+// dropAt marks the entry at ref, which find returned, as gone.
+func (a *parkArena) dropAt(ref parkRef) { a.entry(ref)[12] |= parkDropped }
 
 // each calls fn with the start and ref of each live entry in the list at
 // head.

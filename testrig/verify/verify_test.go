@@ -112,22 +112,22 @@ func drain(t *testing.T, v *Verifier) {
 // publisher already has (a CI run saw 0 of 1 windows so).
 func publishedAndDrained(t *testing.T, v *Verifier, n uint64) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for v.Progress().Messages < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("verifier received %d messages, want %d (last error %q)", v.Progress().Messages, n, v.LastError())
-		}
-		time.Sleep(10 * time.Millisecond) // poll interval
-	}
+	waitProgress(t, v, n, "messages", func(p Progress) uint64 { return p.Messages })
 	drain(t, v)
 }
 
 func waitAggregates(t *testing.T, v *Verifier, n uint64) {
 	t.Helper()
+	waitProgress(t, v, n, "aggregates", func(p Progress) uint64 { return p.Aggregates })
+}
+
+// waitProgress polls until count of the verifier's progress reaches n.
+func waitProgress(t *testing.T, v *Verifier, n uint64, what string, count func(Progress) uint64) {
+	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
-	for v.Progress().Aggregates < n {
+	for count(v.Progress()) < n {
 		if time.Now().After(deadline) {
-			t.Fatalf("verifier saw %d aggregates, want %d (last error %q)", v.Progress().Aggregates, n, v.LastError())
+			t.Fatalf("verifier saw %d %s, want %d (last error %q)", count(v.Progress()), what, n, v.LastError())
 		}
 		time.Sleep(10 * time.Millisecond) // poll interval
 	}
