@@ -22,6 +22,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/listeners"
 
 	"github.com/edgeagent/edgeagent/testrig/procattr"
+	"github.com/edgeagent/edgeagent/testrig/servers/mochitcp"
 )
 
 // FreePort returns a free TCP port on 127.0.0.1.
@@ -56,7 +57,7 @@ func StartMochiWith(t testing.TB, hooks ...mochi.Hook) string {
 		}
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", FreePort(t))
-	if err := srv.AddListener(listeners.NewTCP(listeners.Config{ID: "tcp", Address: addr})); err != nil {
+	if err := srv.AddListener(mochitcp.New("tcp", addr)); err != nil {
 		t.Fatalf("mqtttest: mochi listener: %v", err)
 	}
 	if err := srv.Serve(); err != nil {
@@ -77,7 +78,7 @@ func StartMochiWebsocket(t testing.TB) (tcpURL, wsURL string) {
 	tcpAddr := fmt.Sprintf("127.0.0.1:%d", FreePort(t))
 	wsAddr := fmt.Sprintf("127.0.0.1:%d", FreePort(t))
 	for _, l := range []listeners.Listener{
-		listeners.NewTCP(listeners.Config{ID: "tcp", Address: tcpAddr}),
+		mochitcp.New("tcp", tcpAddr),
 		listeners.NewWebsocket(listeners.Config{ID: "ws", Address: wsAddr}),
 	} {
 		if err := srv.AddListener(l); err != nil {

@@ -22,11 +22,12 @@ import (
 
 	mochi "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
-	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/edgeagent/edgeagent/testrig/servers/mochitcp"
 
 	"github.com/edgeagent/edgeagent/testrig/procattr"
 )
@@ -200,7 +201,7 @@ func (m *Mochi) Start() error {
 	if err := srv.AddHook(&countHook{m: m}, nil); err != nil {
 		return fmt.Errorf("servers: mochi count hook: %w", err)
 	}
-	if err := srv.AddListener(listeners.NewTCP(listeners.Config{ID: "tcp", Address: m.addr})); err != nil {
+	if err := srv.AddListener(mochitcp.New("tcp", m.addr)); err != nil {
 		return fmt.Errorf("servers: mochi listen on %s: %w", m.addr, err)
 	}
 	if err := srv.Serve(); err != nil {

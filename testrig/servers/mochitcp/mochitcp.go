@@ -1,0 +1,98 @@
+// Package mochitcp is a TCP listener for the mochi MQTT broker whose Close
+// ends every connection it accepted. The rig restarts brokers while the
+// agent reconnects, which mochi v2.7.9's own TCP listener does not survive.
+package mochitcp
+
+import (
+	"log/slog"
+	"net"
+	"sync"
+
+	"github.com/mochi-mqtt/server/v2/listeners"
+)
+
+// New returns a listener with mochi id on addr (host:port).
+func New(id, addr string) *Listener { return &Listener{id: id, addr: addr} }
+
+// Listener is mochi's TCP listener with a Close that ends every
+// connection it accepted before returning. mochi v2.7.9's own listener
+// closes its registered clients before it stops accepting, so a client
+// reconnecting during Close (an agent, after a broker restart) can be
+// accepted and never closed: Close then waits for it forever, and its
+// WaitGroup.Add races with Close's Wait (both seen under -race in CI).
+type Listener struct {
+	id, addr string
+
+	mu       sync.Mutex
+	listener net.Listener
+	conns    map[net.Conn]struct{}
+	closed   bool
+	serving  sync.WaitGroup // one per accepted connection's establish call
+}
+
+func (l *Listener) ID() string       { return l.id }
+func (l *Listener) Address() string  { return l.addr }
+func (l *Listener) Protocol() string { return "tcp" }
+
+func (l *Listener) Init(*slog.Logger) error {
+	ln, err := net.Listen("tcp", l.addr)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.listener, l.conns = ln, make(map[net.Conn]struct{})
+	l.mu.Unlock()
+	return nil
+}
+
+// Serve accepts until Close; each connection is mochi's until it ends.
+func (l *Listener) Serve(establish listeners.EstablishFn) {
+	for {
+		conn, err := l.listener.Accept()
+		if err != nil {
+			return // closed
+		}
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			_ = conn.Close() // accepted as Close began; nobody will serve it
+			continue
+		}
+		l.conns[conn] = struct{}{}
+		l.serving.Add(1)
+		l.mu.Unlock()
+		go func() {
+			defer l.serving.Done()
+			// The error is the client's (a bad CONNECT, a dropped link),
+			// which mochi has already acted on.
+			_ = establish(l.id, conn)
+			l.mu.Lock()
+			delete(l.conns, conn)
+			l.mu.Unlock()
+		}()
+	}
+}
+
+// Close stops accepting, lets mochi close its clients, closes whatever
+// connection is still open (one mochi had not registered yet), and waits
+// until every establish call has returned, so mochi's own wait that
+// follows finds nothing to wait for.
+func (l *Listener) Close(closeClients listeners.CloseFn) {
+	l.mu.Lock()
+	already := l.closed
+	l.closed = true
+	l.mu.Unlock()
+	if already {
+		return
+	}
+	if l.listener != nil {
+		_ = l.listener.Close() // ends Serve's Accept; nothing to recover
+	}
+	closeClients(l.id)
+	l.mu.Lock()
+	for conn := range l.conns {
+		_ = conn.Close() // the connection is being torn down either way
+	}
+	l.mu.Unlock()
+	l.serving.Wait()
+}

@@ -1,0 +1,116 @@
+package mochitcp
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	mochi "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/hooks/auth"
+)
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// connectPacket is an MQTT 3.1.1 CONNECT with client id "c" and a clean
+// session.
+var connectPacket = []byte{0x10, 13, 0, 4, 'M', 'Q', 'T', 'T', 4, 0x02, 0, 60, 0, 1, 'c'}
+
+// TestCloseEndsEveryConnection: a connection that never sent CONNECT (so
+// mochi never registered it) and clients connecting while Close runs
+// must not keep Close waiting. With mochi's own TCP listener the first
+// alone makes Close wait forever.
+func TestCloseEndsEveryConnection(t *testing.T) {
+	addr := freeAddr(t)
+	srv := mochi.New(&mochi.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.AddListener(New("tcp", addr)); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Serve(); err != nil {
+		t.Fatal(err)
+	}
+
+	silent, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	registered, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer registered.Close()
+	if _, err := registered.Write(connectPacket); err != nil {
+		t.Fatal(err)
+	}
+	connack := make([]byte, 4)
+	if err := registered.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(registered, connack); err != nil || connack[0] != 0x20 {
+		t.Fatalf("CONNACK: % x, %v", connack, err)
+	}
+
+	// Clients that keep reconnecting, as an agent does after a restart.
+	ctx, cancel := context.WithCancel(context.Background())
+	var dialers sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		dialers.Add(1)
+		go func() {
+			defer dialers.Done()
+			for ctx.Err() == nil {
+				c, err := net.DialTimeout("tcp", addr, time.Second)
+				if err != nil {
+					continue // refused once the listener is closed
+				}
+				_, _ = c.Write(connectPacket) // may race with Close; either way is the case under test
+				_ = c.Close()
+			}
+		}()
+	}
+	defer func() { cancel(); dialers.Wait() }()
+
+	closed := make(chan error, 1)
+	go func() { closed <- srv.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close still waiting after 10 s for a connection it never ended")
+	}
+	// Both connections were ended by the broker.
+	for name, c := range map[string]net.Conn{"silent": silent, "registered": registered} {
+		if err := c.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 64)
+		for {
+			_, err := c.Read(buf)
+			if err == nil {
+				continue // a DISCONNECT the broker sent first
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Fatalf("%s connection still open after Close", name)
+			}
+			break
+		}
+	}
+}
