@@ -167,7 +167,9 @@ func Replay(db *bolt.DB, src Source, cfg Config, from, to time.Time) (int, error
 		all = all[len(chunk):]
 		err := db.Update(func(tx *bolt.Tx) error {
 			for _, w := range chunk {
-				a := e.aggregate(w, rev)
+				em := e.snapshot(w, rev)
+				em.at = at
+				a := e.aggregate(&em)
 				data, err := encodeAggregate(&a)
 				if err != nil {
 					return err

@@ -456,13 +456,14 @@ func (s *Stage) writeOutputs(tx *bolt.Tx) error {
 	}
 	for i := range e.out {
 		em := &e.out[i]
-		s.encBuf = wire.AppendAggregate(s.encBuf[:0], &em.agg)
+		a := e.aggregate(em)
+		s.encBuf = wire.AppendAggregate(s.encBuf[:0], &a)
 		if _, err := ob.Append(outbox.KindAggregate, em.at, s.encBuf); err != nil {
-			return fmt.Errorf("append aggregate %s: %w", em.agg.Key, err)
+			return fmt.Errorf("append aggregate %s: %w", a.Key, err)
 		}
 		if s.cfg.Observer != nil {
-			if err := s.cfg.Observer.Emitted(tx, &em.agg, em.at); err != nil {
-				return fmt.Errorf("observer for %s: %w", em.agg.Key, err)
+			if err := s.cfg.Observer.Emitted(tx, e.detachedAggregate(*em), em.at); err != nil {
+				return fmt.Errorf("observer for %s: %w", a.Key, err)
 			}
 		}
 	}
