@@ -14,8 +14,9 @@ import (
 	"time"
 
 	mochi "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/edgeagent/edgeagent/internal/mochilisten"
 )
 
 // embedded runs the built-in mochi broker and ingests inside its publish
@@ -69,7 +70,7 @@ func (e *embedded) start(ctx context.Context) error {
 		return fmt.Errorf("embedded broker: listen on %s: %w", cfg.Embedded, err)
 	}
 	e.dl = &connectDeadline{Listener: ln, timeout: cfg.ConnectTimeout, log: e.in.com.log}
-	if err := srv.AddListener(listeners.NewNet("tcp", e.dl)); err != nil {
+	if err := srv.AddListener(mochilisten.Serve("tcp", e.dl)); err != nil {
 		ln.Close()
 		return fmt.Errorf("embedded broker: listen on %s: %w", cfg.Embedded, err)
 	}
@@ -86,12 +87,13 @@ func (e *embedded) start(ctx context.Context) error {
 func (e *embedded) stop() {
 	e.closing.Store(true)
 	if e.srv != nil {
-		// mochi's Close waits for every connection's goroutine. The connect
-		// deadline bounds that wait; this bounds it whatever else holds a
-		// connection, so SIGTERM always ends the agent. The goroutine left
-		// behind, if any, ends with the process, or lives on past a reload
-		// until mochi's Close returns (its hooks have returned already).
-		e.dl.barrier()
+		// mochi's Close waits for every connection's goroutine; the
+		// listener (mochilisten) closes every connection it accepted,
+		// devices reconnecting meanwhile included. This bounds the wait
+		// whatever else holds a connection's goroutine (a hook), so SIGTERM
+		// always ends the agent. The goroutine left behind, if any, ends
+		// with the process, or lives on past a reload until mochi's Close
+		// returns.
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
@@ -168,32 +170,12 @@ const brokerCloseTimeout = 10 * time.Second
 // connectDeadline gives every accepted connection until timeout to send its
 // CONNECT. mochi sets no read deadline before CONNECT (after it, the
 // client's keepalive sets one), so a connection that never speaks — a port
-// probe left open, a half-open link — would keep its goroutine, and mochi's
-// Close, waiting forever: a SIGTERM then never ended the agent.
+// probe left open, a half-open link — would keep its goroutine for as long
+// as the broker runs.
 type connectDeadline struct {
 	net.Listener
 	timeout time.Duration
 	log     *slog.Logger
-	// reads is touched by every read on an accepted connection and loaded
-	// before the broker closes. mochi adds each connection to the
-	// WaitGroup its Close waits on from the connection's own goroutine,
-	// with nothing ordering that Add before the Wait; this atomic does, for
-	// every connection that has started reading (the race detector flags
-	// the Add and Wait otherwise, for a connection that never sent data).
-	reads atomic.Uint64
-}
-
-// barrier orders every read so far before what follows it.
-func (l *connectDeadline) barrier() { l.reads.Load() }
-
-type countedConn struct {
-	net.Conn
-	reads *atomic.Uint64
-}
-
-func (c countedConn) Read(p []byte) (int, error) {
-	c.reads.Add(1)
-	return c.Conn.Read(p)
 }
 
 func (l *connectDeadline) Accept() (net.Conn, error) {
@@ -209,7 +191,7 @@ func (l *connectDeadline) Accept() (net.Conn, error) {
 			c.Close()
 			continue
 		}
-		return countedConn{Conn: c, reads: &l.reads}, nil
+		return c, nil
 	}
 }
 

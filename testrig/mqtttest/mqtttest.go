@@ -21,8 +21,8 @@ import (
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
 	"github.com/mochi-mqtt/server/v2/listeners"
 
+	"github.com/edgeagent/edgeagent/internal/mochilisten"
 	"github.com/edgeagent/edgeagent/testrig/procattr"
-	"github.com/edgeagent/edgeagent/testrig/servers/mochitcp"
 )
 
 // FreePort returns a free TCP port on 127.0.0.1.
@@ -57,7 +57,7 @@ func StartMochiWith(t testing.TB, hooks ...mochi.Hook) string {
 		}
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", FreePort(t))
-	if err := srv.AddListener(mochitcp.New("tcp", addr)); err != nil {
+	if err := srv.AddListener(mochilisten.Listen("tcp", addr)); err != nil {
 		t.Fatalf("mqtttest: mochi listener: %v", err)
 	}
 	if err := srv.Serve(); err != nil {
@@ -78,7 +78,7 @@ func StartMochiWebsocket(t testing.TB) (tcpURL, wsURL string) {
 	tcpAddr := fmt.Sprintf("127.0.0.1:%d", FreePort(t))
 	wsAddr := fmt.Sprintf("127.0.0.1:%d", FreePort(t))
 	for _, l := range []listeners.Listener{
-		mochitcp.New("tcp", tcpAddr),
+		mochilisten.Listen("tcp", tcpAddr),
 		listeners.NewWebsocket(listeners.Config{ID: "ws", Address: wsAddr}),
 	} {
 		if err := srv.AddListener(l); err != nil {

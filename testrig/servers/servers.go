@@ -27,7 +27,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/edgeagent/edgeagent/testrig/servers/mochitcp"
+	"github.com/edgeagent/edgeagent/internal/mochilisten"
 
 	"github.com/edgeagent/edgeagent/testrig/procattr"
 )
@@ -201,7 +201,7 @@ func (m *Mochi) Start() error {
 	if err := srv.AddHook(&countHook{m: m}, nil); err != nil {
 		return fmt.Errorf("servers: mochi count hook: %w", err)
 	}
-	if err := srv.AddListener(mochitcp.New("tcp", m.addr)); err != nil {
+	if err := srv.AddListener(mochilisten.Listen("tcp", m.addr)); err != nil {
 		return fmt.Errorf("servers: mochi listen on %s: %w", m.addr, err)
 	}
 	if err := srv.Serve(); err != nil {

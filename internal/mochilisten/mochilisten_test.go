@@ -1,4 +1,4 @@
-package mochitcp
+package mochilisten
 
 import (
 	"context"
@@ -38,7 +38,7 @@ func TestCloseEndsEveryConnection(t *testing.T) {
 	if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := srv.AddListener(New("tcp", addr)); err != nil {
+	if err := srv.AddListener(Listen("tcp", addr)); err != nil {
 		t.Fatal(err)
 	}
 	if err := srv.Serve(); err != nil {

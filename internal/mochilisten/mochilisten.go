@@ -1,7 +1,8 @@
-// Package mochitcp is a TCP listener for the mochi MQTT broker whose Close
-// ends every connection it accepted. The rig restarts brokers while the
-// agent reconnects, which mochi v2.7.9's own TCP listener does not survive.
-package mochitcp
+// Package mochilisten is a TCP listener for the mochi MQTT broker whose
+// Close ends every connection it accepted. The agent's built-in broker
+// stops while devices reconnect, and the rig restarts its broker while the
+// agent does, which mochi v2.7.9's own listeners do not survive.
+package mochilisten
 
 import (
 	"log/slog"
@@ -11,15 +12,23 @@ import (
 	"github.com/mochi-mqtt/server/v2/listeners"
 )
 
-// New returns a listener with mochi id on addr (host:port).
-func New(id, addr string) *Listener { return &Listener{id: id, addr: addr} }
+// Listen returns a listener with mochi id that listens on addr
+// (host:port) when mochi initialises it.
+func Listen(id, addr string) *Listener { return &Listener{id: id, addr: addr} }
+
+// Serve returns a listener with mochi id that accepts from ln, which it
+// closes with the broker.
+func Serve(id string, ln net.Listener) *Listener {
+	return &Listener{id: id, addr: ln.Addr().String(), listener: ln}
+}
 
 // Listener is mochi's TCP listener with a Close that ends every
 // connection it accepted before returning. mochi v2.7.9's own listener
 // closes its registered clients before it stops accepting, so a client
 // reconnecting during Close (an agent, after a broker restart) can be
-// accepted and never closed: Close then waits for it forever, and its
-// WaitGroup.Add races with Close's Wait (both seen under -race in CI).
+// accepted and never closed: Close then waits for it forever (or, in the
+// agent, until its close timeout), and its WaitGroup.Add races with
+// Close's Wait (both seen under -race in CI).
 type Listener struct {
 	id, addr string
 
@@ -35,13 +44,17 @@ func (l *Listener) Address() string  { return l.addr }
 func (l *Listener) Protocol() string { return "tcp" }
 
 func (l *Listener) Init(*slog.Logger) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.conns = make(map[net.Conn]struct{})
+	if l.listener != nil {
+		return nil // given to Serve
+	}
 	ln, err := net.Listen("tcp", l.addr)
 	if err != nil {
 		return err
 	}
-	l.mu.Lock()
-	l.listener, l.conns = ln, make(map[net.Conn]struct{})
-	l.mu.Unlock()
+	l.listener = ln
 	return nil
 }
 
