@@ -32,7 +32,7 @@ func drainAggs(b *testing.B) int {
 
 // fillSynthetic appends n steady aggregates (1000 devices × 4 metrics) to
 // the outbox, one minute's emission a transaction, as the window stage would.
-func fillSynthetic(b *testing.B, db *bolt.DB, n int) {
+func fillSynthetic(b testing.TB, db *bolt.DB, n int) {
 	b.Helper()
 	g := synthetic.New(testGateway, 1000, 1)
 	perTx := 1000 * len(g.Metrics)

@@ -21,6 +21,14 @@ import (
 // readChunk is how many outbox rows one read takes.
 const readChunk = 1024
 
+// sealRoundBytes bounds the rows a sealing round holds, besides its
+// count of batches (sealPerRound): the rows stay in memory until the
+// round's batches are written, and the round after it is planned
+// meanwhile. 32 batches of 500 aggregates are about 3 MB of rows, which
+// the heap's goal then doubled in load mode; 1 MiB is 10 or so batches
+// of the rig's aggregates, a commit (an fsync) per 5,000 rows in a drain.
+const sealRoundBytes = 1 << 20
+
 // rejectedRow is an outbox row of the uplink's kinds that does not decode.
 type rejectedRow struct {
 	entry  outbox.Entry
@@ -84,15 +92,18 @@ func (u *Uplink) plan(tx *bolt.Tx, from uint64, maxBatches int, partial bool) (p
 	// The id's length is not known until the batch is closed; size the
 	// body with the longest id it can have so the bound always holds.
 	longestID := strings.Repeat("x", len(u.cfg.Gateway)+2*20+16+3)
+	var roundBytes int
 	finish := func() {
+		roundBytes += cur.itemBytes
 		closed = append(closed, cur)
 		p.consumed = append(p.consumed, cur.seqs...)
 		p.next = cur.last + 1
 		cur = batchBuilder{}
 	}
 	defer func() { p.closed = closed }()
+	roundFull := func() bool { return len(closed) == maxBatches || roundBytes >= sealRoundBytes }
 	seq := from
-	for len(closed) < maxBatches {
+	for !roundFull() {
 		rows, rerr := outbox.Read(tx, seq, readChunk)
 		if rerr != nil {
 			return p, fmt.Errorf("read outbox: %w", rerr)
@@ -123,7 +134,7 @@ func (u *Uplink) plan(tx *bolt.Tx, from uint64, maxBatches int, partial bool) (p
 				}
 				if wire.BatchRawSize(u.cfg.Gateway, longestID, aggs, alerts, cur.itemBytes+size) > u.cfg.MaxBatchBytes {
 					finish()
-					if len(closed) == maxBatches {
+					if roundFull() {
 						// Leave this row for the next round.
 						return p, nil
 					}
@@ -147,7 +158,7 @@ func (u *Uplink) plan(tx *bolt.Tx, from uint64, maxBatches int, partial bool) (p
 			cur.seqs = append(cur.seqs, e.Seq)
 			if cur.records() >= u.cfg.MaxBatchRecords {
 				finish()
-				if len(closed) == maxBatches {
+				if roundFull() {
 					return p, nil
 				}
 			}

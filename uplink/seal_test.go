@@ -437,3 +437,38 @@ func TestNotUpSinceSpansReconnectAttempts(t *testing.T) {
 		t.Errorf("after the link dropped NotUpSince = %v, want %v", got, wentDown)
 	}
 }
+
+// A sealing round holds its rows until its batches are written: it stops
+// at about sealRoundBytes of them, before sealPerRound batches, and the
+// next round goes on from where it stopped.
+func TestSealRoundIsBoundedByBytes(t *testing.T) {
+	db := openDB(t)
+	fillSynthetic(t, db, 20_000) // about 4 MB of rows
+	u := newTestUplink(t, db, nil)
+	u.cfg.MaxBatchRecords = 500
+	plan := func(from uint64) sealPlan {
+		var p sealPlan
+		if err := db.View(func(tx *bolt.Tx) (err error) {
+			p, err = u.plan(tx, from, sealPerRound, true)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	p := plan(0)
+	var held, largest int
+	for _, b := range p.closed {
+		held += b.itemBytes
+		largest = max(largest, b.itemBytes)
+	}
+	if len(p.closed) == 0 || len(p.closed) >= sealPerRound || held > sealRoundBytes+largest {
+		t.Fatalf("a round closed %d batches holding %d bytes of rows, want fewer than %d batches and at most %d bytes",
+			len(p.closed), held, sealPerRound, sealRoundBytes+largest)
+	}
+	next := plan(p.next)
+	want := p.closed[len(p.closed)-1].last + 1
+	if len(next.closed) == 0 || next.closed[0].first != want {
+		t.Fatalf("the next round (%d batches) does not start at row %d", len(next.closed), want)
+	}
+}
