@@ -222,19 +222,22 @@ type engine struct {
 	x                                         *extractor
 	rd                                        reading
 
-	devices    map[string]*device
-	active     devList
-	idleList   devList
-	tombstones map[string]int64 // expired device → its lateness horizon
-	pending    map[*window]struct{}
-	clock      int64 // logged clock, unix ns: max received-at seen
-	offset     uint64
-	gen        uint64 // the committed checkpoint's generation (see slotted)
-	revBase    uint32 // revisions start above this (raised by reset and replay)
-	highRev    uint32 // highest revision ever emitted
-	nWindows   int
-	nDedup     int
-	c          counters
+	devices map[string]*device
+	// metricNames interns series names: 10,000 devices report the same
+	// few metrics, and each series held its own copy of the name.
+	metricNames map[string]string
+	active      devList
+	idleList    devList
+	tombstones  map[string]int64 // expired device → its lateness horizon
+	pending     map[*window]struct{}
+	clock       int64 // logged clock, unix ns: max received-at seen
+	offset      uint64
+	gen         uint64 // the committed checkpoint's generation (see slotted)
+	revBase     uint32 // revisions start above this (raised by reset and replay)
+	highRev     uint32 // highest revision ever emitted
+	nWindows    int
+	nDedup      int
+	c           counters
 	// suppressThrough is the last Bronze sequence whose outputs (outbox,
 	// late and dead-letter rows) are already committed: after a restart
 	// from an older state checkpoint the engine replays those records to
@@ -294,20 +297,21 @@ type engine struct {
 
 func newEngine(cfg *Config) *engine {
 	e := &engine{
-		cfg:        cfg,
-		sizeMs:     cfg.Size.Milliseconds(),
-		slideMs:    cfg.Slide.Milliseconds(),
-		delayMs:    cfg.WatermarkDelay.Milliseconds(),
-		lateMs:     cfg.AllowedLateness.Milliseconds(),
-		idleNs:     int64(cfg.IdleTimeout),
-		expiryNs:   int64(cfg.DeviceExpiry),
-		triggerNs:  int64(cfg.TriggerInterval),
-		futNs:      int64(cfg.MaxFutureSkew),
-		pasNs:      int64(cfg.MaxPastSkew),
-		x:          newExtractor(cfg),
-		devices:    map[string]*device{},
-		tombstones: map[string]int64{},
-		pending:    map[*window]struct{}{},
+		cfg:         cfg,
+		sizeMs:      cfg.Size.Milliseconds(),
+		slideMs:     cfg.Slide.Milliseconds(),
+		delayMs:     cfg.WatermarkDelay.Milliseconds(),
+		lateMs:      cfg.AllowedLateness.Milliseconds(),
+		idleNs:      int64(cfg.IdleTimeout),
+		expiryNs:    int64(cfg.DeviceExpiry),
+		triggerNs:   int64(cfg.TriggerInterval),
+		futNs:       int64(cfg.MaxFutureSkew),
+		pasNs:       int64(cfg.MaxPastSkew),
+		x:           newExtractor(cfg),
+		devices:     map[string]*device{},
+		metricNames: map[string]string{},
+		tombstones:  map[string]int64{},
+		pending:     map[*window]struct{}{},
 	}
 	for _, s := range cfg.Subscriptions {
 		e.subs = append(e.subs, sub{s.Template, s.Format})
@@ -574,7 +578,7 @@ func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string)
 				continue
 			}
 			if ser == nil {
-				ser = &series{dev: dev, name: string(name)}
+				ser = &series{dev: dev, name: e.internMetric(name)}
 				dev.series = append(dev.series, ser)
 			}
 			w := ser.find(s)
@@ -889,6 +893,22 @@ func (e *engine) park(w *window) {
 	e.nEvicted++
 	e.nParked++
 }
+
+// internMetric returns name as a string shared by every series of that
+// metric, up to maxMetricNames distinct names (past them, a device
+// inventing names costs its own strings, not an ever larger table).
+func (e *engine) internMetric(name []byte) string {
+	if s, ok := e.metricNames[string(name)]; ok {
+		return s
+	}
+	s := string(name)
+	if len(e.metricNames) < maxMetricNames {
+		e.metricNames[s] = s
+	}
+	return s
+}
+
+const maxMetricNames = 4096
 
 // snapshot is w's emission at revision rev.
 func (e *engine) snapshot(w *window, rev uint32) emission {

@@ -364,7 +364,7 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 		}
 		ser := d.seriesOf(en.metric)
 		if ser == nil {
-			ser = &series{dev: d, name: string(en.metric)}
+			ser = &series{dev: d, name: e.internMetric(en.metric)}
 			d.series = append(d.series, ser)
 		}
 		var w window
