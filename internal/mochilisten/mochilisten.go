@@ -5,9 +5,12 @@
 package mochilisten
 
 import (
+	"errors"
 	"log/slog"
 	"net"
 	"sync"
+	"syscall"
+	"time"
 
 	"github.com/mochi-mqtt/server/v2/listeners"
 )
@@ -32,6 +35,8 @@ func Serve(id string, ln net.Listener) *Listener {
 type Listener struct {
 	id, addr string
 
+	log *slog.Logger
+
 	mu       sync.Mutex
 	listener net.Listener
 	conns    map[net.Conn]struct{}
@@ -43,9 +48,10 @@ func (l *Listener) ID() string       { return l.id }
 func (l *Listener) Address() string  { return l.addr }
 func (l *Listener) Protocol() string { return "tcp" }
 
-func (l *Listener) Init(*slog.Logger) error {
+func (l *Listener) Init(log *slog.Logger) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.log = log
 	l.conns = make(map[net.Conn]struct{})
 	if l.listener != nil {
 		return nil // given to Serve
@@ -59,12 +65,25 @@ func (l *Listener) Init(*slog.Logger) error {
 }
 
 // Serve accepts until Close; each connection is mochi's until it ends.
+// Running out of file descriptors or memory for a moment does not end it:
+// it waits and accepts again, as net/http's server does (mochi's own
+// listeners stopped accepting for good at the first error).
 func (l *Listener) Serve(establish listeners.EstablishFn) {
+	var pause time.Duration
 	for {
 		conn, err := l.listener.Accept()
 		if err != nil {
-			return // closed
+			if !transient(err) || l.isClosed() {
+				return
+			}
+			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+			if l.log != nil {
+				l.log.Warn("broker: accepting a connection failed; retrying", "listener", l.id, "err", err, "retry_in", pause)
+			}
+			time.Sleep(pause)
+			continue
 		}
+		pause = 0
 		l.mu.Lock()
 		if l.closed {
 			l.mu.Unlock()
@@ -84,6 +103,24 @@ func (l *Listener) Serve(establish listeners.EstablishFn) {
 			l.mu.Unlock()
 		}()
 	}
+}
+
+// transient says whether an Accept error passes: the process or the
+// system is out of descriptors or buffers, or a client gave up before
+// its connection was accepted.
+func transient(err error) bool {
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+func (l *Listener) isClosed() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closed
 }
 
 // Close stops accepting, lets mochi close its clients, closes whatever

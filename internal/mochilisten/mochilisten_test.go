@@ -6,7 +6,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -112,5 +115,59 @@ func TestCloseEndsEveryConnection(t *testing.T) {
 			}
 			break
 		}
+	}
+}
+
+// failingListener fails its first accepts as a process out of file
+// descriptors does.
+type failingListener struct {
+	net.Listener
+	failures atomic.Int32
+}
+
+func (l *failingListener) Accept() (net.Conn, error) {
+	if l.failures.Add(-1) >= 0 {
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	}
+	return l.Listener.Accept()
+}
+
+// Running out of file descriptors for a moment does not stop the broker
+// accepting: the client that connects after it is served.
+func TestServeOutlastsTransientAcceptErrors(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl := &failingListener{Listener: ln}
+	fl.failures.Store(3)
+	srv := mochi.New(&mochi.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.AddListener(Serve("tcp", fl)); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Serve(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(connectPacket); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	connack := make([]byte, 4)
+	if _, err := io.ReadFull(c, connack); err != nil || connack[0] != 0x20 {
+		t.Fatalf("CONNACK after %d failed accepts: % x, %v", 3, connack, err)
+	}
+	if n := fl.failures.Load(); n >= 0 {
+		t.Fatalf("%d accept failures left: the listener never got past them", n+1)
 	}
 }
