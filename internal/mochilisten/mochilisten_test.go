@@ -27,6 +27,22 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
+// startBroker serves a mochi broker that allows everything on l.
+func startBroker(t *testing.T, l *Listener) *mochi.Server {
+	t.Helper()
+	srv := mochi.New(&mochi.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.AddListener(l); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Serve(); err != nil {
+		t.Fatal(err)
+	}
+	return srv
+}
+
 // connectPacket is an MQTT 3.1.1 CONNECT with client id "c" and a clean
 // session.
 var connectPacket = []byte{0x10, 13, 0, 4, 'M', 'Q', 'T', 'T', 4, 0x02, 0, 60, 0, 1, 'c'}
@@ -37,16 +53,7 @@ var connectPacket = []byte{0x10, 13, 0, 4, 'M', 'Q', 'T', 'T', 4, 0x02, 0, 60, 0
 // alone makes Close wait forever.
 func TestCloseEndsEveryConnection(t *testing.T) {
 	addr := freeAddr(t)
-	srv := mochi.New(&mochi.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.AddListener(Listen("tcp", addr)); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Serve(); err != nil {
-		t.Fatal(err)
-	}
+	srv := startBroker(t, Listen("tcp", addr))
 
 	silent, err := net.Dial("tcp", addr)
 	if err != nil {
@@ -141,16 +148,7 @@ func TestServeOutlastsTransientAcceptErrors(t *testing.T) {
 	}
 	fl := &failingListener{Listener: ln}
 	fl.failures.Store(3)
-	srv := mochi.New(&mochi.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.AddListener(Serve("tcp", fl)); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Serve(); err != nil {
-		t.Fatal(err)
-	}
+	srv := startBroker(t, Serve("tcp", fl))
 	defer srv.Close()
 	c, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
