@@ -166,13 +166,7 @@ func BenchmarkSealRound(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.StartTimer()
-		var p sealPlan
-		if err := db.View(func(tx *bolt.Tx) (err error) {
-			p, err = u.plan(tx, from, sealPerRound, true)
-			return err
-		}); err != nil {
-			b.Fatal(err)
-		}
+		p := planRound(b, u, from, sealPerRound, true)
 		if err := p.build(u); err != nil {
 			b.Fatal(err)
 		}

@@ -39,13 +39,7 @@ func sealAll(t *testing.T, u *Uplink) []sealed {
 	t.Helper()
 	var from uint64
 	for {
-		var p sealPlan
-		if err := u.db.View(func(tx *bolt.Tx) (err error) {
-			p, err = u.plan(tx, from, sealPerRound, true)
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
+		p := planRound(t, u, from, sealPerRound, true)
 		if err := p.build(u); err != nil {
 			t.Fatal(err)
 		}
@@ -204,13 +198,7 @@ func TestSealPartialOnlyWhenAllowed(t *testing.T) {
 	fx := makeFixture(t, 10, 3) // 120 windows + revisions + an alert
 	fill(t, db, fx.rows, 100)
 	u := newTestUplink(t, db, nil) // 50 records a batch
-	var p sealPlan
-	if err := db.View(func(tx *bolt.Tx) (err error) {
-		p, err = u.plan(tx, 0, sealPerRound, false)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	p := planRound(t, u, 0, sealPerRound, false)
 	total := fx.aggs + fx.alerts
 	if err := p.build(u); err != nil {
 		t.Fatal(err)
@@ -221,12 +209,7 @@ func TestSealPartialOnlyWhenAllowed(t *testing.T) {
 	if p.pendingOldest == 0 {
 		t.Fatal("rows left unsealed but no oldest reported")
 	}
-	if err := db.View(func(tx *bolt.Tx) (err error) {
-		p, err = u.plan(tx, 0, sealPerRound, true)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	p = planRound(t, u, 0, sealPerRound, true)
 	if err := p.build(u); err != nil {
 		t.Fatal(err)
 	}
@@ -234,12 +217,7 @@ func TestSealPartialOnlyWhenAllowed(t *testing.T) {
 		t.Fatalf("link up: %d batches, want %d", len(p.batches), (total+49)/50)
 	}
 	// A round stops at maxBatches and resumes where it stopped.
-	if err := db.View(func(tx *bolt.Tx) (err error) {
-		p, err = u.plan(tx, 0, 1, true)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	p = planRound(t, u, 0, 1, true)
 	if err := p.build(u); err != nil {
 		t.Fatal(err)
 	}
@@ -446,17 +424,7 @@ func TestSealRoundIsBoundedByBytes(t *testing.T) {
 	fillSynthetic(t, db, 20_000) // about 4 MB of rows
 	u := newTestUplink(t, db, nil)
 	u.cfg.MaxBatchRecords = 500
-	plan := func(from uint64) sealPlan {
-		var p sealPlan
-		if err := db.View(func(tx *bolt.Tx) (err error) {
-			p, err = u.plan(tx, from, sealPerRound, true)
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	p := plan(0)
+	p := planRound(t, u, 0, sealPerRound, true)
 	var held, largest int
 	for _, b := range p.closed {
 		held += b.itemBytes
@@ -466,9 +434,23 @@ func TestSealRoundIsBoundedByBytes(t *testing.T) {
 		t.Fatalf("a round closed %d batches holding %d bytes of rows, want fewer than %d batches and at most %d bytes",
 			len(p.closed), held, sealPerRound, sealRoundBytes+largest)
 	}
-	next := plan(p.next)
+	next := planRound(t, u, p.next, sealPerRound, true)
 	want := p.closed[len(p.closed)-1].last + 1
 	if len(next.closed) == 0 || next.closed[0].first != want {
 		t.Fatalf("the next round (%d batches) does not start at row %d", len(next.closed), want)
 	}
+}
+
+// planRound plans a sealing round of u from outbox row from in a read
+// transaction.
+func planRound(t testing.TB, u *Uplink, from uint64, maxBatches int, partial bool) sealPlan {
+	t.Helper()
+	var p sealPlan
+	if err := u.db.View(func(tx *bolt.Tx) (err error) {
+		p, err = u.plan(tx, from, maxBatches, partial)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
