@@ -170,6 +170,11 @@ type Processing struct {
 	// (GOMAXPROCS); 0 means one per CPU. GOMAXPROCS in the environment
 	// takes precedence.
 	MaxProcs int `yaml:"max_procs"`
+	// HeapPacing sets Go's soft memory limit after every collection at
+	// GOGC's factor times the quietest live heap of the last eight, so a
+	// collection that lands on a passing peak does not raise the heap's
+	// goal, and resident memory, with it.
+	HeapPacing bool `yaml:"heap_pacing"`
 }
 
 // Uplink configures delivery of the outbox to the cloud. At most one of
@@ -328,6 +333,7 @@ func Default() *Config {
 			MaxRecordsPerBatch: 10000,
 			CheckpointInterval: Duration(10 * time.Second),
 			MaxProcs:           1,
+			HeapPacing:         true,
 		},
 		Uplink: Uplink{
 			NATS: NATS{Subject: "edge.{gateway_id}.aggregates", Stream: "EDGE"},

@@ -85,6 +85,7 @@ func TestDefaults(t *testing.T) {
 		"processing.max_records_per_batch":     "10000",
 		"processing.checkpoint_interval":       "10s",
 		"processing.max_procs":                 "1",
+		"processing.heap_pacing":               "true",
 		"uplink.nats.url":                      "",
 		"uplink.nats.subject":                  "edge.{gateway_id}.aggregates",
 		"uplink.nats.stream":                   "EDGE",

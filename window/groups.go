@@ -454,9 +454,11 @@ type chunkWriter struct {
 	parked  *parkArena // the engine's, which putParked changes point into
 }
 
-// chunkBytes bounds the rows one transaction of a checkpoint writes. It
-// is a variable only so tests can split small checkpoints.
-var chunkBytes = 1 << 20
+// chunkBytes bounds the rows one transaction of a checkpoint writes: a
+// quarter MiB of rows, with the values' arena and bbolt's pages for them,
+// is what a checkpoint adds to the heap at once. It is a variable only so
+// tests can split small checkpoints.
+var chunkBytes = 256 << 10
 
 // afterChunk, if set (by tests), runs after each transaction of a
 // checkpoint but its last commits; an error fails the checkpoint there.

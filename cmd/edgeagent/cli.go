@@ -18,6 +18,7 @@ import (
 	"github.com/edgeagent/edgeagent/cmd/edgeagent/agent"
 	"github.com/edgeagent/edgeagent/config"
 	"github.com/edgeagent/edgeagent/ingest"
+	"github.com/edgeagent/edgeagent/internal/heapgoal"
 	"github.com/edgeagent/edgeagent/internal/lograte"
 	"github.com/edgeagent/edgeagent/uplink"
 	"github.com/edgeagent/edgeagent/window"
@@ -411,6 +412,7 @@ func runRound(ctx context.Context, e *env, hup <-chan os.Signal, cfg *config.Con
 	}
 	log := newLogger(e.stderr, format, cfg.Log.Level)
 	setMaxProcs(log, cfg.Processing.MaxProcs, os.Getenv("GOMAXPROCS"))
+	defer startHeapPacing(cfg.Processing.HeapPacing)()
 	if files != nil {
 		log.Info("keeping the data files open across the reload", "data_dir", cfg.DataDir)
 	}
@@ -515,6 +517,25 @@ func goarch() string {
 		}
 	}
 	return "arm"
+}
+
+// startHeapPacing runs the heap pacer (internal/heapgoal) for one round
+// when processing.heap_pacing is on; the func it returns stops the pacer,
+// which puts back the memory limit it found (GOMEMLIMIT's), and waits.
+func startHeapPacing(on bool) (stop func()) {
+	if !on {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		heapgoal.Run(ctx)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
 }
 
 // setMaxProcs applies processing.max_procs unless GOMAXPROCS is set in the

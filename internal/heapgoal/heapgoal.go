@@ -1,0 +1,133 @@
+// Package heapgoal keeps the Go heap's goal from following a passing peak
+// of live memory.
+//
+// The runtime sets the next heap goal at 1+GOGC/100 times what the last
+// collection found live. When a collection lands while a checkpoint, a
+// sealing round or a batch's outputs are held, the goal doubles that peak
+// too, and the resident memory follows the goal. Run sets a soft memory
+// limit (debug.SetMemoryLimit) after every collection instead: the same
+// factor times the quietest live heap of the last few collections, so a
+// peak costs a few earlier collections instead of resident memory.
+package heapgoal
+
+import (
+	"context"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"sync/atomic"
+)
+
+// Pacer turns what each collection found into a soft memory limit.
+type Pacer struct {
+	recent  [8]uint64 // live heap after the last collections, a ring
+	n       int
+	factor  float64 // 1 + GOGC/100
+	ceiling int64   // a limit set before the pacer (GOMEMLIMIT), or MaxInt64
+}
+
+// NewPacer returns a pacer for GOGC gcPercent that never sets a limit
+// above ceiling.
+func NewPacer(gcPercent int, ceiling int64) *Pacer {
+	return &Pacer{factor: 1 + float64(gcPercent)/100, ceiling: ceiling}
+}
+
+// minHeadroom keeps a small heap from collecting back to back (the
+// runtime's own smallest goal is 4 MB).
+const minHeadroom = 4 << 20
+
+// Limit records that a collection found live bytes of heap, with
+// overhead bytes of runtime memory outside the heap's objects and free
+// pages (stacks, metadata, the unused ends of spans), and returns the
+// limit to set until the next one.
+func (p *Pacer) Limit(live, overhead uint64) int64 {
+	p.recent[p.n%len(p.recent)] = live
+	p.n++
+	quiet := live
+	for _, l := range p.recent[:min(p.n, len(p.recent))] {
+		quiet = min(quiet, l)
+	}
+	// The floors bound what a lasting growth (more devices) costs until
+	// the quietest collection catches up with it: a collection per
+	// quarter of growth, never back to back.
+	heap := max(p.factor*float64(quiet), 1.25*float64(live), float64(live+minHeadroom))
+	if heap+float64(overhead) >= float64(p.ceiling) {
+		return p.ceiling
+	}
+	return int64(heap) + int64(overhead)
+}
+
+var sampleNames = [...]string{
+	"/gc/heap/live:bytes",
+	"/memory/classes/total:bytes",
+	"/memory/classes/heap/objects:bytes",
+	"/memory/classes/heap/free:bytes",
+	"/memory/classes/heap/released:bytes",
+}
+
+// running is set while a Run paces: the limit is the process's, so one
+// pacer at a time.
+var running atomic.Bool
+
+// Run paces the heap after every collection until ctx ends, then
+// restores the limit it found. With GOGC=off, or while another Run
+// paces, it leaves the limit alone and returns at once.
+func Run(ctx context.Context) {
+	if !running.CompareAndSwap(false, true) {
+		return
+	}
+	defer running.Store(false)
+	pct := debug.SetGCPercent(-1)
+	debug.SetGCPercent(pct)
+	if pct < 0 {
+		return
+	}
+	found := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(found)
+	p := NewPacer(pct, found)
+	var samples [len(sampleNames)]metrics.Sample
+	for i, n := range sampleNames {
+		samples[i].Name = n
+	}
+	collected := make(chan struct{}, 1)
+	notifyEachCollection(ctx, collected)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-collected:
+		}
+		metrics.Read(samples[:])
+		v := func(i int) uint64 { return samples[i].Value.Uint64() }
+		live, total, objects, free, released := v(0), v(1), v(2), v(3), v(4)
+		debug.SetMemoryLimit(p.Limit(live, total-objects-free-released))
+	}
+}
+
+// sentinel is allocated only to be collected. Its pointer keeps it out of
+// the tiny allocator, whose blocks hold several objects and may never be
+// freed.
+type sentinel struct {
+	_ *int
+	_ [8]byte
+}
+
+// notifyEachCollection sends on ch (without blocking) after each garbage
+// collection until ctx ends: a sentinel's cleanup runs after the cycle
+// that found it unreachable, and arms the next sentinel.
+func notifyEachCollection(ctx context.Context, ch chan<- struct{}) {
+	var arm func()
+	arm = func() {
+		runtime.AddCleanup(new(sentinel), func(struct{}) {
+			if ctx.Err() != nil {
+				return
+			}
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+			arm()
+		}, struct{}{})
+	}
+	arm()
+}
