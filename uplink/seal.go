@@ -25,10 +25,9 @@ const readChunk = 1024
 // count of batches (sealPerRound): the rows stay in memory until the
 // round's batches are written, and the round after it is planned
 // meanwhile. 32 batches of 500 aggregates are about 3 MB of rows, which
-// the heap's goal then doubled in load mode; 256 KiB is two or three
-// batches of the rig's aggregates, a commit (an fsync) per 1,250 rows or
-// so in a drain.
-const sealRoundBytes = 256 << 10
+// the heap's goal then doubled in load mode; 1 MiB is 10 or so batches
+// of the rig's aggregates, a commit (an fsync) per 5,000 rows in a drain.
+const sealRoundBytes = 1 << 20
 
 // rejectedRow is an outbox row of the uplink's kinds that does not decode.
 type rejectedRow struct {
