@@ -144,6 +144,10 @@ type Config struct {
 	// batch; a restart replays Bronze from the last checkpoint to rebuild
 	// the state, writing no output twice.
 	CheckpointInterval time.Duration
+	// HeapPaced is processing.heap_pacing: the process keeps the heap's
+	// goal off passing peaks (internal/heapgoal), so a large checkpoint
+	// is not collected around (see collectAround).
+	HeapPaced bool
 	// OutboxMaxBytes is storage.outbox_max_bytes (default 256 MiB): at or
 	// above it the stage stops consuming Bronze until the uplink drains.
 	OutboxMaxBytes int64

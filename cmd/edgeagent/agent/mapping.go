@@ -43,6 +43,7 @@ func WindowConfig(cfg *config.Config, configPath string, log *slog.Logger, clock
 		DeviceExpiry:       time.Duration(cfg.Window.DeviceExpiry),
 		TriggerInterval:    time.Duration(cfg.Processing.TriggerInterval),
 		MaxRecordsPerBatch: cfg.Processing.MaxRecordsPerBatch,
+		HeapPaced:          cfg.Processing.HeapPacing,
 		CheckpointInterval: time.Duration(cfg.Processing.CheckpointInterval),
 		OutboxMaxBytes:     int64(cfg.Storage.OutboxMaxBytes),
 		Logger:             log.With("component", "window"),

@@ -148,3 +148,19 @@ func TestConfigCheckAgreesWithTheStages(t *testing.T) {
 		t.Fatalf("%d of %d cases refused by the check: the cases no longer probe both sides", refused, len(cases))
 	}
 }
+
+// processing.heap_pacing reaches the window stage, which skips its own
+// collections around large checkpoints when the heap is paced.
+func TestHeapPacingReachesTheWindowStage(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		cfg := config.Default()
+		cfg.Processing.HeapPacing = on
+		wc, err := WindowConfig(cfg, "", slog.New(slog.DiscardHandler), time.Now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if wc.HeapPaced != on {
+			t.Errorf("heap_pacing %v: window.Config.HeapPaced %v", on, wc.HeapPaced)
+		}
+	}
+}
