@@ -111,3 +111,45 @@ func BenchmarkIdleCloseOutputs(b *testing.B) {
 	b.ReportMetric(float64(held)/float64(emitted), "B/emission")
 	b.ReportMetric(float64(emitted), "emissions")
 }
+
+// A batch whose emissions outgrew the kept array makes its successor's
+// array at once, a quarter larger, instead of growing one by appends
+// (which allocated three to four times the array per batch in load mode).
+func TestBatchOutputsAreSizedFromTheLastBatch(t *testing.T) {
+	const devices = 1_000
+	cfg := testConfig(t)
+	cfg.MaxDevices = devices
+	cfg.IdleTimeout = 30 * time.Second
+	cfg = cfg.withDefaults()
+	e := newEngine(&cfg)
+	seq := uint64(0)
+	// batch sends a reading from every device at round's time, then a
+	// clock tick past their idle timeout, which emits every window.
+	batch := func(round int) {
+		at := t0.Add(time.Duration(round) * time.Hour)
+		for d := range devices {
+			r := msg(fmt.Sprintf("sensors/dev%05d/telemetry", d),
+				fmt.Sprintf(`{"id":"%d","ts":%d,"m0":1.5,"m1":%d}`, round, at.UnixMilli(), d%9), at)
+			seq++
+			r.Seq = seq
+			e.process(&r)
+		}
+		idle := tick(at.Add(cfg.IdleTimeout + time.Second))
+		seq++
+		idle.Seq = seq
+		e.process(&idle)
+	}
+	batch(0)
+	n := len(e.out)
+	if n <= keptOutputs {
+		t.Fatalf("%d emissions in the first batch, want more than the %d an array keeps", n, keptOutputs)
+	}
+	e.resetOutputs()
+	batch(1)
+	if len(e.out) != n {
+		t.Fatalf("%d emissions in the second batch, want %d as in the first", len(e.out), n)
+	}
+	if want := n + n/4; cap(e.out) != want {
+		t.Fatalf("the second batch's array holds %d for %d emissions: want it made at once for %d, a quarter more than the first batch's", cap(e.out), n, want)
+	}
+}

@@ -254,7 +254,13 @@ type engine struct {
 	deferReplayed bool
 
 	// batch outputs and state delta
-	out       []emission
+	out []emission
+	// outHint is a quarter more than the last batch's count of emissions
+	// when its array was too large to keep: the next batch makes its array
+	// that size at its first emission instead of growing one to it by
+	// appends, which allocated three to four times the array (load mode:
+	// 70 of the 820 MB a run allocated).
+	outHint   int
 	lates     []Late
 	dls       []DeadLetter
 	dirtyWins []*window
@@ -845,6 +851,9 @@ func (e *engine) emit(w *window) {
 	}
 	e.markWin(w)
 	if !e.replaying {
+		if e.out == nil && e.outHint > 0 {
+			e.out = make([]emission, 0, e.outHint)
+		}
 		e.out = append(e.out, e.snapshot(w, rev))
 	}
 	if e.load != nil && parkEmitted {
@@ -1077,6 +1086,10 @@ func (e *engine) pruneTombstones() {
 // large one goes: a batch of load-mode catch-up emits about 12,000
 // aggregates, 1.8 MB of array that stayed live between batches.
 func (e *engine) resetOutputs() {
+	e.outHint = 0
+	if cap(e.out) > keptOutputs {
+		e.outHint = len(e.out) + len(e.out)/4 // room for a somewhat larger batch
+	}
 	e.out = resetSlice(e.out)
 	e.lates = resetSlice(e.lates)
 	e.dls = resetSlice(e.dls)
