@@ -456,13 +456,20 @@ func (s *Stage) writeOutputs(tx *bolt.Tx) error {
 	}
 	for i := range e.out {
 		em := &e.out[i]
-		a := e.aggregate(em)
-		s.encBuf = wire.AppendAggregate(s.encBuf[:0], &a)
+		var a *wire.Aggregate
+		if s.cfg.Observer != nil {
+			// The observer may keep it past the batch: figures of its own.
+			a = e.detachedAggregate(*em)
+		} else {
+			inBatch := e.aggregate(em)
+			a = &inBatch
+		}
+		s.encBuf = wire.AppendAggregate(s.encBuf[:0], a)
 		if _, err := ob.Append(outbox.KindAggregate, em.at, s.encBuf); err != nil {
 			return fmt.Errorf("append aggregate %s: %w", a.Key, err)
 		}
 		if s.cfg.Observer != nil {
-			if err := s.cfg.Observer.Emitted(tx, e.detachedAggregate(*em), em.at); err != nil {
+			if err := s.cfg.Observer.Emitted(tx, a, em.at); err != nil {
 				return fmt.Errorf("observer for %s: %w", a.Key, err)
 			}
 		}
