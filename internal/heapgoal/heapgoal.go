@@ -1,13 +1,18 @@
 // Package heapgoal keeps the Go heap's goal from following a passing peak
-// of live memory.
+// of live memory, and from doubling memory the collector never scans.
 //
 // The runtime sets the next heap goal at 1+GOGC/100 times what the last
 // collection found live. When a collection lands while a checkpoint, a
 // sealing round or a batch's outputs are held, the goal doubles that peak
-// too, and the resident memory follows the goal. Run sets a soft memory
-// limit (debug.SetMemoryLimit) after every collection instead: the same
-// factor times the quietest live heap of the last few collections, so a
-// peak costs a few earlier collections instead of resident memory.
+// too, and the resident memory follows the goal. The headroom also grows
+// with pointer-free memory (the zstd encoder's tables, byte arenas,
+// Bronze's buffers), which costs the collector almost nothing to mark.
+// Run sets a soft memory limit (debug.SetMemoryLimit) after every
+// collection instead: the quietest live heap of the last few collections
+// plus GOGC/100 times its quietest scannable part (pointer-bearing heap,
+// stacks, globals). The collector's work per allocated byte is then what
+// GOGC gives a heap made only of pointers; a peak costs a few earlier
+// collections instead of resident memory.
 package heapgoal
 
 import (
@@ -20,37 +25,40 @@ import (
 
 // Pacer turns what each collection found into a soft memory limit.
 type Pacer struct {
-	recent  [8]uint64 // live heap after the last collections, a ring
+	live    [8]uint64 // live heap after the last collections, a ring
+	scan    [8]uint64 // the scannable part of each, the same ring
 	n       int
-	factor  float64 // 1 + GOGC/100
+	gogc    float64 // GOGC/100
 	ceiling int64   // a limit set before the pacer (GOMEMLIMIT), or MaxInt64
 }
 
 // NewPacer returns a pacer for GOGC gcPercent that never sets a limit
 // above ceiling.
 func NewPacer(gcPercent int, ceiling int64) *Pacer {
-	return &Pacer{factor: 1 + float64(gcPercent)/100, ceiling: ceiling}
+	return &Pacer{gogc: float64(gcPercent) / 100, ceiling: ceiling}
 }
 
 // minHeadroom keeps a small heap from collecting back to back (the
 // runtime's own smallest goal is 4 MB).
 const minHeadroom = 4 << 20
 
-// Limit records that a collection found live bytes of heap, with
-// overhead bytes of runtime memory outside the heap's objects and free
-// pages (stacks, metadata, the unused ends of spans), and returns the
-// limit to set until the next one.
-func (p *Pacer) Limit(live, overhead uint64) int64 {
-	p.recent[p.n%len(p.recent)] = live
+// Limit records that a collection found live bytes of heap, of which
+// scan bytes (with stacks and globals) are scannable, with overhead bytes
+// of runtime memory outside the heap's objects and free pages (stacks,
+// metadata, the unused ends of spans), and returns the limit to set until
+// the next one.
+func (p *Pacer) Limit(live, scan, overhead uint64) int64 {
+	i := p.n % len(p.live)
+	p.live[i], p.scan[i] = live, scan
 	p.n++
-	quiet := live
-	for _, l := range p.recent[:min(p.n, len(p.recent))] {
-		quiet = min(quiet, l)
+	quiet, quietScan := live, scan
+	for i := range min(p.n, len(p.live)) {
+		quiet, quietScan = min(quiet, p.live[i]), min(quietScan, p.scan[i])
 	}
 	// The floors bound what a lasting growth (more devices) costs until
 	// the quietest collection catches up with it: a collection per
 	// quarter of growth, never back to back.
-	heap := max(p.factor*float64(quiet), 1.25*float64(live), float64(live+minHeadroom))
+	heap := max(float64(quiet)+p.gogc*float64(quietScan), 1.25*float64(live), float64(live+minHeadroom))
 	if heap+float64(overhead) >= float64(p.ceiling) {
 		return p.ceiling
 	}
@@ -63,6 +71,9 @@ var sampleNames = [...]string{
 	"/memory/classes/heap/objects:bytes",
 	"/memory/classes/heap/free:bytes",
 	"/memory/classes/heap/released:bytes",
+	"/gc/scan/heap:bytes", // what the last collection scanned, plus scannable allocations since
+	"/gc/scan/stack:bytes",
+	"/gc/scan/globals:bytes",
 }
 
 // running is set while a Run paces: the limit is the process's, so one
@@ -100,7 +111,8 @@ func Run(ctx context.Context) {
 		metrics.Read(samples[:])
 		v := func(i int) uint64 { return samples[i].Value.Uint64() }
 		live, total, objects, free, released := v(0), v(1), v(2), v(3), v(4)
-		debug.SetMemoryLimit(p.Limit(live, total-objects-free-released))
+		scan := v(5) + v(6) + v(7)
+		debug.SetMemoryLimit(p.Limit(live, scan, total-objects-free-released))
 	}
 }
 

@@ -11,11 +11,12 @@ import (
 
 const mb = 1 << 20
 
-// feed gives p one collection per live value and returns the last limit.
+// feed gives p one collection per live value, of a heap made only of
+// pointers, and returns the last limit.
 func feed(p *Pacer, overhead uint64, lives ...uint64) int64 {
 	var limit int64
 	for _, l := range lives {
-		limit = p.Limit(l, overhead)
+		limit = p.Limit(l, l, overhead)
 	}
 	return limit
 }
@@ -28,6 +29,28 @@ func TestSteadyHeapGetsTheGOGCGoal(t *testing.T) {
 	p = NewPacer(50, math.MaxInt64)
 	if got, want := feed(p, 3*mb, 20*mb, 20*mb), int64(33*mb); got != want {
 		t.Fatalf("GOGC=50: limit %d, want %d", got, want)
+	}
+}
+
+func TestPointerFreeMemoryGetsNoHeadroom(t *testing.T) {
+	p := NewPacer(100, math.MaxInt64)
+	// 20 MB live, of which 12 MB is pointer-free (tables, byte arenas):
+	// the headroom is the 8 MB the collector scans.
+	var limit int64
+	for range 3 {
+		limit = p.Limit(20*mb, 8*mb, 3*mb)
+	}
+	if want := int64(31 * mb); limit != want {
+		t.Fatalf("limit %d, want %d (live plus its scannable part plus the overhead)", limit, want)
+	}
+	p = NewPacer(50, math.MaxInt64)
+	if got, want := p.Limit(20*mb, 16*mb, 0), int64(28*mb); got != want {
+		t.Fatalf("GOGC=50: limit %d, want %d", got, want)
+	}
+	// Mostly pointer-free, the heap still gets the floor's quarter.
+	p = NewPacer(100, math.MaxInt64)
+	if got, want := p.Limit(40*mb, 2*mb, 0), int64(50*mb); got != want {
+		t.Fatalf("40 MB live, 2 MB scannable: limit %d, want %d (1.25 times the live heap)", got, want)
 	}
 }
 
