@@ -30,6 +30,11 @@ type pending struct {
 	rec buffer.Record
 	// ack acknowledges the message to its broker; nil for QoS0 and ticks.
 	ack acker
+	// puback, instead of ack, acknowledges a QoS1 PUBLISH taken out of
+	// paho's stream, with packet id pubackID, on the connection it arrived
+	// on: an acker would be an allocation per message.
+	puback   *bufferedConn
+	pubackID uint16
 	// stored is set once the record committed (and was acknowledged), so a
 	// batch split by a full Bronze is not stored twice at shutdown.
 	stored bool
@@ -397,8 +402,12 @@ func (c *committer) commitParts(ctx context.Context, batch []pending, recs []buf
 	for i := range batch {
 		batch[i].stored = true
 		freed += batch[i].rec.HeldBytes()
-		if batch[i].ack != nil {
-			batch[i].ack.Ack()
+		switch p := &batch[i]; {
+		case p.puback != nil:
+			p.puback.puback(p.pubackID)
+			c.stats.Acked.Add(1)
+		case p.ack != nil:
+			p.ack.Ack()
 			c.stats.Acked.Add(1)
 		}
 	}

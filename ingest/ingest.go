@@ -294,12 +294,17 @@ func (in *Ingester) subscribed(topicName string) bool {
 // pushes back on the broker). It returns false when shutdown began and the
 // message was not taken: the caller must not acknowledge it.
 func (in *Ingester) handle(rec buffer.Record, ack acker) bool {
-	size := rec.HeldBytes()
+	return in.handlePending(pending{rec: rec, ack: ack})
+}
+
+// handlePending is handle for a pending message already made.
+func (in *Ingester) handlePending(p pending) bool {
+	size := p.rec.HeldBytes()
 	if !in.com.budget.acquire(size, in.stopping) {
 		return false
 	}
 	select {
-	case in.com.in <- pending{rec: rec, ack: ack}:
+	case in.com.in <- p:
 		in.stats.Received.Add(1)
 		return true
 	case <-in.stopping:

@@ -232,12 +232,11 @@ func (p *pahoSource) dropConnection(why error) {
 // onPublish hands a QoS0 or QoS1 message the connection took out of
 // paho's stream to the committer, which acknowledges it on that connection.
 func (p *pahoSource) onPublish(c *bufferedConn, topic []byte, qos byte, retained, dup bool, id uint16, payload []byte, size int) {
-	rec := p.in.classify(string(topic), qos, retained, dup, bytes.Clone(payload), size)
-	var ack acker
+	m := pending{rec: p.in.classify(string(topic), qos, retained, dup, bytes.Clone(payload), size)}
 	if qos == 1 {
-		ack = &pubackTo{conn: c, id: id}
+		m.puback, m.pubackID = c, id
 	}
-	p.in.handle(rec, ack) // not taken at shutdown: unacknowledged, redelivered
+	p.in.handlePending(m) // not taken at shutdown: unacknowledged, redelivered
 }
 
 // onMessage hands a message paho received to the committer: QoS2 messages,
@@ -250,14 +249,6 @@ func (p *pahoSource) onMessage(_ paho.Client, m paho.Message) {
 	}
 	p.in.handle(rec, ack) // not taken at shutdown: unacknowledged, redelivered
 }
-
-// pubackTo acknowledges a QoS1 message on the connection it arrived on.
-type pubackTo struct {
-	conn *bufferedConn
-	id   uint16
-}
-
-func (a *pubackTo) Ack() { a.conn.puback(a.id) }
 
 func (p *pahoSource) stop() {
 	if p.client != nil {

@@ -448,7 +448,7 @@ type chunkWriter struct {
 	db      *bolt.DB
 	log     *slog.Logger
 	tx      *bolt.Tx
-	ar      boltkv.Arena // the current transaction's values
+	ar      *boltkv.Arena // the current transaction's values
 	written int
 	chunks  int
 	parked  *parkArena // the engine's, which putParked changes point into
@@ -469,7 +469,8 @@ func (w *chunkWriter) begin() error {
 	if err != nil {
 		return fmt.Errorf("begin state transaction: %w", err)
 	}
-	w.tx, w.written, w.ar = tx, 0, boltkv.Arena{}
+	w.tx, w.written = tx, 0
+	w.ar.Reset() // the last transaction ended
 	w.chunks++
 	return nil
 }

@@ -13,6 +13,8 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/edgeagent/edgeagent/buffer"
+	"github.com/edgeagent/edgeagent/internal/boltkv"
+	"github.com/edgeagent/edgeagent/uplink/wire"
 )
 
 // Stage is the window stage: it reads Bronze in micro-batches from its
@@ -41,9 +43,14 @@ type Stage struct {
 	// reload failed): the engine holds the batch's effects, which were not
 	// committed, so nothing may run on it or checkpoint it until a reload
 	// succeeds.
-	stale     bool
-	encBuf    []byte // an aggregate's encoding on its way to the outbox
-	capLogged bool   // the device cap was hit and logged; cleared by a batch without
+	stale  bool
+	encBuf []byte         // an aggregate's encoding on its way to the outbox
+	agg    wire.Aggregate // an aggregate on its way to encBuf
+	// arena holds the values of the write transaction in progress (outbox,
+	// late and dead-letter rows, a checkpoint's rows); it is reset when
+	// one begins.
+	arena     boltkv.Arena
+	capLogged bool // the device cap was hit and logged; cleared by a batch without
 
 	statsMu sync.Mutex
 	stats   Stats
@@ -440,6 +447,7 @@ func (s *Stage) commit(checkpoint bool) error {
 	if checkpoint {
 		err = s.writeCheckpoint()
 	} else {
+		s.arena.Reset()
 		err = s.db.Update(s.writeOutputs)
 	}
 	if err != nil {
@@ -476,7 +484,7 @@ func (s *Stage) commit(checkpoint bool) error {
 // writeCheckpoint writes the batch's outputs and the state delta as the
 // next generation, in transactions of about chunkBytes (see slotted).
 func (s *Stage) writeCheckpoint() error {
-	w := &chunkWriter{db: s.db, log: s.log, parked: &s.eng.parkArena}
+	w := &chunkWriter{db: s.db, log: s.log, parked: &s.eng.parkArena, ar: &s.arena}
 	if err := w.begin(); err != nil {
 		return err
 	}

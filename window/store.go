@@ -450,7 +450,7 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 // progress record that says through which Bronze record they are written.
 func (s *Stage) writeOutputs(tx *bolt.Tx) error {
 	e := s.eng
-	ob, err := outbox.NewAppender(tx)
+	ob, err := outbox.NewAppender(tx, &s.arena)
 	if err != nil {
 		return err
 	}
@@ -461,8 +461,10 @@ func (s *Stage) writeOutputs(tx *bolt.Tx) error {
 			// The observer may keep it past the batch: figures of its own.
 			a = e.detachedAggregate(*em)
 		} else {
-			inBatch := e.aggregate(em)
-			a = &inBatch
+			// One for the batch: a local would escape, an allocation
+			// per emission.
+			s.agg = e.aggregate(em)
+			a = &s.agg
 		}
 		s.encBuf = wire.AppendAggregate(s.encBuf[:0], a)
 		if _, err := ob.Append(outbox.KindAggregate, em.at, s.encBuf); err != nil {
@@ -477,7 +479,7 @@ func (s *Stage) writeOutputs(tx *bolt.Tx) error {
 	if err := ob.Close(); err != nil {
 		return err
 	}
-	if err := writeRows(tx, e); err != nil {
+	if err := writeRows(tx, e, &s.arena); err != nil {
 		return err
 	}
 	if e.revsDirty {
@@ -577,10 +579,9 @@ func encodeAggregate(a *wire.Aggregate) ([]byte, error) {
 	return data, nil
 }
 
-// writeRows appends the batch's late and dead-letter rows and evicts the
-// oldest beyond the caps.
-func writeRows(tx *bolt.Tx, e *engine) error {
-	var ar boltkv.Arena
+// writeRows appends the batch's late and dead-letter rows, cut from ar,
+// and evicts the oldest beyond the caps.
+func writeRows(tx *bolt.Tx, e *engine, ar *boltkv.Arena) error {
 	lb := tx.Bucket(bucketLate)
 	for i := range e.lates {
 		if err := putRow(lb, ar.Cut(appendLate(ar.Room(128), &e.lates[i]))); err != nil {

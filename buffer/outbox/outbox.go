@@ -64,7 +64,7 @@ func Init(tx *bolt.Tx) error {
 // Append queues one entry and returns its sequence. Sequences are assigned by
 // the bucket and so are deterministic for a deterministic series of appends.
 func Append(tx *bolt.Tx, kind Kind, emittedAt int64, data []byte) (uint64, error) {
-	a, err := NewAppender(tx)
+	a, err := NewAppender(tx, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -83,18 +83,23 @@ type Appender struct {
 	tx          *bolt.Tx
 	b           *bolt.Bucket
 	rows, bytes int64
-	arena       boltkv.Arena
+	arena       *boltkv.Arena
 }
 
 // NewAppender starts appending in tx. Close must be called before the
-// transaction commits, or the counters miss the rows.
-func NewAppender(tx *bolt.Tx) (*Appender, error) {
+// transaction commits, or the counters miss the rows. The rows' bytes are
+// cut from arena, which must outlive the transaction; nil gives the
+// appender one of its own.
+func NewAppender(tx *bolt.Tx, arena *boltkv.Arena) (*Appender, error) {
 	b := tx.Bucket(bucketRows)
 	if b == nil {
 		return nil, errors.New("outbox: not initialised")
 	}
 	b.FillPercent = 1 // append-only: pack pages full
-	return &Appender{tx: tx, b: b}, nil
+	if arena == nil {
+		arena = new(boltkv.Arena)
+	}
+	return &Appender{tx: tx, b: b, arena: arena}, nil
 }
 
 // Append queues one entry and returns its sequence.

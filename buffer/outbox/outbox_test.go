@@ -145,7 +145,7 @@ func TestReadDataIsIndependent(t *testing.T) {
 func TestAppenderInterleavedKeepsStats(t *testing.T) {
 	db := openDB(t)
 	err := db.Update(func(tx *bolt.Tx) error {
-		a, err := NewAppender(tx)
+		a, err := NewAppender(tx, nil)
 		if err != nil {
 			return err
 		}

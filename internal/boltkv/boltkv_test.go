@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"unsafe"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -66,6 +67,44 @@ func TestArenaCutsStayIntact(t *testing.T) {
 		if len(c) != i%50 || cap(c) != len(c) || (len(c) > 0 && !bytes.Equal(c, bytes.Repeat([]byte{byte(i)}, len(c)))) {
 			t.Fatalf("cut %d: %v (cap %d)", i, c, cap(c))
 		}
+	}
+}
+
+// After a Reset the arena cuts the chunks it filled again, up to
+// arenaKeep of them, and cuts made after it stay intact.
+func TestArenaResetReusesChunks(t *testing.T) {
+	var a Arena
+	fill := func(chunks int, b byte) [][]byte {
+		var cuts [][]byte
+		for range chunks * 64 {
+			cuts = append(cuts, a.Cut(append(a.Room(1000), bytes.Repeat([]byte{b}, 1000)...)))
+		}
+		return cuts
+	}
+	first := fill(2*arenaKeep, 1)
+	chunkOf := func(c []byte) *byte { return unsafe.SliceData(c[:1]) }
+	starts := map[*byte]bool{}
+	for _, c := range first {
+		starts[chunkOf(c)] = true
+	}
+	a.Reset()
+	second := fill(2*arenaKeep, 2)
+	reused := 0
+	for _, c := range second {
+		if starts[chunkOf(c)] {
+			reused++
+		}
+		if !bytes.Equal(c, bytes.Repeat([]byte{2}, 1000)) {
+			t.Fatalf("a cut after Reset changed: %v", c[:8])
+		}
+	}
+	// Cuts of 1000 bytes land at the same offsets of a reused chunk as
+	// of the chunk the first time.
+	if want := arenaKeep * (arenaChunk / 1000); reused != want {
+		t.Fatalf("%d of %d cuts in reused chunks, want %d (arenaKeep chunks)", reused, len(second), want)
+	}
+	if n := len(a.spare); n != 0 {
+		t.Fatalf("%d spare chunks left after cutting more than were kept", n)
 	}
 }
 
