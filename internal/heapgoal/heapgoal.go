@@ -56,9 +56,11 @@ func (p *Pacer) Limit(live, scan, overhead uint64) int64 {
 		quiet, quietScan = min(quiet, p.live[i]), min(quietScan, p.scan[i])
 	}
 	// The floors bound what a lasting growth (more devices) costs until
-	// the quietest collection catches up with it: a collection per
-	// quarter of growth, never back to back.
-	heap := max(float64(quiet)+p.gogc*float64(quietScan), 1.25*float64(live), float64(live+minHeadroom))
+	// the quietest collection catches up with it: a collection per eighth
+	// of growth, never back to back. An eighth rather than a quarter: a
+	// collection that lands on a batch's or a checkpoint's transient sets
+	// the limit from the floor, and the resident memory follows it.
+	heap := max(float64(quiet)+p.gogc*float64(quietScan), 1.125*float64(live), float64(live+minHeadroom))
 	if heap+float64(overhead) >= float64(p.ceiling) {
 		return p.ceiling
 	}

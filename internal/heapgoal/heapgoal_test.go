@@ -47,10 +47,10 @@ func TestPointerFreeMemoryGetsNoHeadroom(t *testing.T) {
 	if got, want := p.Limit(20*mb, 16*mb, 0), int64(28*mb); got != want {
 		t.Fatalf("GOGC=50: limit %d, want %d", got, want)
 	}
-	// Mostly pointer-free, the heap still gets the floor's quarter.
+	// Mostly pointer-free, the heap still gets the floor's eighth.
 	p = NewPacer(100, math.MaxInt64)
-	if got, want := p.Limit(40*mb, 2*mb, 0), int64(50*mb); got != want {
-		t.Fatalf("40 MB live, 2 MB scannable: limit %d, want %d (1.25 times the live heap)", got, want)
+	if got, want := p.Limit(40*mb, 2*mb, 0), int64(45*mb); got != want {
+		t.Fatalf("40 MB live, 2 MB scannable: limit %d, want %d (1.125 times the live heap)", got, want)
 	}
 }
 
@@ -69,8 +69,8 @@ func TestPeakDoesNotRaiseTheLimit(t *testing.T) {
 func TestLastingGrowthRaisesTheLimit(t *testing.T) {
 	p := NewPacer(100, math.MaxInt64)
 	feed(p, 0, 20*mb, 20*mb)
-	if got, want := feed(p, 0, 40*mb), int64(50*mb); got != want {
-		t.Fatalf("first collection at 40 MB: limit %d, want %d (a quarter of headroom)", got, want)
+	if got, want := feed(p, 0, 40*mb), int64(45*mb); got != want {
+		t.Fatalf("first collection at 40 MB: limit %d, want %d (an eighth of headroom)", got, want)
 	}
 	// Once every collection the pacer remembers is at 40 MB, the goal is
 	// GOGC's again.
