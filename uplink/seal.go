@@ -1,6 +1,7 @@
 package uplink
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -104,10 +105,11 @@ func (u *Uplink) plan(tx *bolt.Tx, from uint64, maxBatches int, partial bool) (p
 	roundFull := func() bool { return len(closed) == maxBatches || roundBytes >= sealRoundBytes }
 	seq := from
 	for !roundFull() {
-		rows, rerr := outbox.Read(tx, seq, readChunk)
+		rows, rerr := outbox.ReadIn(tx, seq, readChunk, &u.sealRows, u.sealEntries)
 		if rerr != nil {
 			return p, fmt.Errorf("read outbox: %w", rerr)
 		}
+		u.sealEntries = rows
 		if len(rows) == 0 {
 			break
 		}
@@ -120,6 +122,9 @@ func (u *Uplink) plan(tx *bolt.Tx, from uint64, maxBatches int, partial bool) (p
 				continue
 			}
 			if reason := validateRow(e); reason != "" {
+				// Copied: the plan is applied while the next round reuses
+				// the rows' buffers.
+				e.Data = bytes.Clone(e.Data)
 				p.rejected = append(p.rejected, rejectedRow{e, reason})
 				p.consumed = append(p.consumed, e.Seq)
 				continue

@@ -284,6 +284,34 @@ func TestSealRejectsBadRowsAndLeavesLocalOnes(t *testing.T) {
 	}
 }
 
+// A round's rejected rows are applied while the next round reads its rows
+// into the same buffers: they must be copies.
+func TestRejectedRowsOutliveTheNextRound(t *testing.T) {
+	db := openDB(t)
+	good := wire.Aggregate{Device: "d", Metric: "m", Count: 1, Rev: 1, Key: "k"}
+	goodRaw := mustEncode(t, &good)
+	bad := []byte{0xff, 0x00}
+	fill(t, db, []row{
+		{outbox.KindAggregate, 1, bad},
+		{outbox.KindAggregate, 2, goodRaw},
+		{outbox.KindAggregate, 3, goodRaw},
+		{outbox.KindAggregate, 4, goodRaw},
+		{outbox.KindAggregate, 5, goodRaw},
+	}, 10)
+	u := newTestUplink(t, db, func(c *Config) { c.MaxBatchRecords = 2 })
+	first := planRound(t, u, 0, 1, true)
+	if len(first.rejected) != 1 || len(first.closed) != 1 {
+		t.Fatalf("first round: %d rejected, %d batches; want 1 and 1", len(first.rejected), len(first.closed))
+	}
+	u.sealRows.Reset() // as sealLoop does before each round
+	if next := planRound(t, u, first.next, 1, true); len(next.closed) != 1 {
+		t.Fatalf("second round: %d batches, want 1", len(next.closed))
+	}
+	if got := first.rejected[0].entry.Data; !bytes.Equal(got, bad) {
+		t.Fatalf("the first round's rejected row reads % x after the next round, want % x", got, bad)
+	}
+}
+
 func TestBacklogBytesCountsSealedBatches(t *testing.T) {
 	db := openDB(t)
 	fx := makeFixture(t, 20, 4)

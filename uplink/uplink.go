@@ -10,6 +10,9 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/edgeagent/edgeagent/buffer/outbox"
+	"github.com/edgeagent/edgeagent/internal/boltkv"
 )
 
 const (
@@ -101,6 +104,11 @@ type Uplink struct {
 	newSink func() sink
 	sleep   func(ctx context.Context, d time.Duration) error
 	bucket  *tokenBucket
+
+	// sealRows and sealEntries hold the outbox rows a sealing round reads,
+	// reused round after round (sealLoop's goroutine only).
+	sealRows    boltkv.Arena
+	sealEntries []outbox.Entry
 
 	notifyCh chan struct{}
 	sealedCh chan struct{} // sealer → sender: a batch was sealed
@@ -285,6 +293,9 @@ func (u *Uplink) sealLoop(ctx context.Context) {
 		partial := u.stats.Link == LinkUp && u.stats.SealedBatches < maxInFlight
 		u.mu.Unlock()
 		var p sealPlan
+		// The last round's rows are no longer used: its batches are built,
+		// its rejected rows copied.
+		u.sealRows.Reset()
 		err := u.db.View(func(tx *bolt.Tx) error {
 			var err error
 			p, err = u.plan(tx, from, sealPerRound, partial)

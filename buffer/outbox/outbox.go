@@ -136,12 +136,24 @@ func (a *Appender) Close() error {
 // entries' Data is copied and outlives the transaction; the copies share a
 // few larger buffers, each of which lives as long as any entry in it.
 func Read(tx *bolt.Tx, from uint64, max int) ([]Entry, error) {
+	return ReadIn(tx, from, max, nil, nil)
+}
+
+// ReadIn is Read into dst's array, copying the entries' Data into slab: a
+// reader that reads round after round resets slab (and reuses dst) once
+// the last round's entries are no longer used. A nil slab is a new one.
+func ReadIn(tx *bolt.Tx, from uint64, max int, slab *boltkv.Arena, dst []Entry) ([]Entry, error) {
 	b := tx.Bucket(bucketRows)
 	if b == nil || max <= 0 {
-		return nil, nil
+		return dst[:0], nil
 	}
-	out := make([]Entry, 0, min(max, 128))
-	var slab boltkv.Arena
+	out := dst[:0]
+	if out == nil {
+		out = make([]Entry, 0, min(max, 128))
+	}
+	if slab == nil {
+		slab = new(boltkv.Arena)
+	}
 	c := b.Cursor()
 	for k, v := c.Seek(boltkv.Key(from)); k != nil && len(out) < max; k, v = c.Next() {
 		e, n, err := decode(k, v)
