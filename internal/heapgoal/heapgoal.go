@@ -12,8 +12,9 @@
 // heap with its pointer-free bytes counted half. Half, because they cost
 // no marking but the collections per allocated byte grow as the headroom
 // shrinks: in load mode (half the heap pointer-free) counting them fully
-// kept session 20's CPU and memory, counting them not at all saved 10 MiB
-// for 2.5 s more CPU per million readings, half saved 7 MiB for about 1 s.
+// kept session 20's memory and CPU, counting them not at all saved 10 MiB
+// for 2.5 s more CPU per million readings, and half saved 3-5 MiB for a
+// point or two more of the CPU in the collector (docs/performance.md).
 // A peak costs a few earlier collections instead of resident memory.
 package heapgoal
 
@@ -57,15 +58,15 @@ func (p *Pacer) Limit(live, scan, overhead uint64) int64 {
 	for i := range min(p.n, len(p.live)) {
 		quiet, quietScan = min(quiet, p.live[i]), min(quietScan, p.scan[i])
 	}
+	// GOGC's share of the quietest live heap, its pointer-free bytes
+	// counted half (see the package doc).
+	quietScan = min(quietScan, quiet)
+	headroom := p.gogc * (float64(quietScan) + float64(quiet-quietScan)/2)
 	// The floors bound what a lasting growth (more devices) costs until
 	// the quietest collection catches up with it: a collection per eighth
 	// of growth, never back to back. An eighth rather than a quarter: a
 	// collection that lands on a batch's or a checkpoint's transient sets
 	// the limit from the floor, and the resident memory follows it.
-	// GOGC's share of the quietest live heap, its pointer-free bytes
-	// counted half (see the package doc).
-	quietScan = min(quietScan, quiet)
-	headroom := p.gogc * (float64(quietScan) + float64(quiet-quietScan)/2)
 	heap := max(float64(quiet)+headroom, 1.125*float64(live), float64(live+minHeadroom))
 	if heap+float64(overhead) >= float64(p.ceiling) {
 		return p.ceiling
