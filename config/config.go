@@ -170,10 +170,11 @@ type Processing struct {
 	// (GOMAXPROCS); 0 means one per CPU. GOMAXPROCS in the environment
 	// takes precedence.
 	MaxProcs int `yaml:"max_procs"`
-	// HeapPacing sets Go's soft memory limit after every collection at
-	// GOGC's factor times the quietest live heap of the last eight, so a
-	// collection that lands on a passing peak does not raise the heap's
-	// goal, and resident memory, with it.
+	// HeapPacing sets Go's soft memory limit after every collection from
+	// the quietest live heap of the last eight, its pointer-free bytes
+	// given half GOGC's headroom (internal/heapgoal), so a collection that
+	// lands on a passing peak does not raise the heap's goal, and resident
+	// memory, with it.
 	HeapPacing bool `yaml:"heap_pacing"`
 }
 

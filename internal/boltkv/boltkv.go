@@ -229,8 +229,8 @@ func (a *Arena) Room(n int) []byte {
 }
 
 // Reset makes every chunk cut since the last Reset reusable. Nothing cut
-// from them may be in use: call it when no transaction that put them is
-// open, and only on an arena whose cuts did not escape (outbox.Read's do).
+// from them may be in use any more: no transaction that put them is open,
+// and no copy made with them (outbox.ReadIn's) is still read.
 func (a *Arena) Reset() {
 	if cap(a.buf) == arenaChunk {
 		a.full = append(a.full, a.buf)
