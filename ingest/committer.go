@@ -51,7 +51,7 @@ type committer struct {
 	tick     time.Duration
 	clock    func() time.Time
 	log      *slog.Logger
-	backoff  backoff
+	backoff  commitBackoff
 
 	// signalled when a batch committed, for tests and the status view.
 	stats *Stats
@@ -137,10 +137,10 @@ func (b *byteBudget) release(n int) {
 	b.mu.Unlock()
 }
 
-// backoff bounds the retry delay after a failed commit.
-type backoff struct{ min, max time.Duration }
+// commitBackoff bounds the retry delay after a failed commit.
+type commitBackoff struct{ min, max time.Duration }
 
-func (b backoff) next(d time.Duration) time.Duration {
+func (b commitBackoff) next(d time.Duration) time.Duration {
 	if d == 0 {
 		return b.min
 	}

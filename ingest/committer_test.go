@@ -127,7 +127,7 @@ func TestSplitBatchIsOneFullEpisode(t *testing.T) {
 	app := &scriptedAppender{errs: []error{buffer.ErrFull, buffer.ErrFull, nil, buffer.ErrFull, nil}}
 	logs := &logbuf.Buffer{}
 	var st Stats
-	c := &committer{app: app, log: slog.New(slog.NewTextHandler(logs, nil)), backoff: backoff{time.Millisecond, time.Millisecond},
+	c := &committer{app: app, log: slog.New(slog.NewTextHandler(logs, nil)), backoff: commitBackoff{time.Millisecond, time.Millisecond},
 		stats: &st, budget: newByteBudget(maxQueuedBytes)}
 	batch := make([]pending, 2)
 	for i := range batch {

@@ -11,12 +11,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
 
 	"github.com/edgeagent/edgeagent/buffer"
+	"github.com/edgeagent/edgeagent/internal/backoff"
 	"github.com/edgeagent/edgeagent/internal/topic"
 )
 
@@ -73,6 +75,11 @@ type Config struct {
 	Clock  func() time.Time
 	Logger *slog.Logger
 
+	// connectWait waits before a retry of the first connect (tests
+	// record the waits instead); rand is the jitter's source.
+	connectWait func(ctx context.Context, d time.Duration) error
+	rand        func() float64
+
 	// viaPaho sends every message through paho, as before the connection
 	// took PUBLISH packets out of paho's stream: for the side-by-side
 	// benchmark.
@@ -122,6 +129,12 @@ func (c *Config) setDefaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.connectWait == nil {
+		c.connectWait = backoff.Sleep
+	}
+	if c.rand == nil {
+		c.rand = rand.Float64
+	}
 	return nil
 }
 
@@ -167,7 +180,7 @@ func New(app Appender, cfg Config) (*Ingester, error) {
 		tick:     cfg.ClockTick,
 		clock:    cfg.Clock,
 		log:      cfg.Logger.With("component", "ingest"),
-		backoff:  backoff{cfg.RetryMin, cfg.RetryMax},
+		backoff:  commitBackoff{cfg.RetryMin, cfg.RetryMax},
 		stats:    &in.stats,
 		budget:   newByteBudget(maxQueuedBytes),
 	}

@@ -10,7 +10,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -527,13 +529,15 @@ func TestConnectFailureIsLogged(t *testing.T) {
 	b := openBronze(t, buffer.Options{})
 	logs := &logbuf.Buffer{}
 	url := fmt.Sprintf("tcp://127.0.0.1:%d", mqtttest.FreePort(t))
-	startIngester(t, b, testConfig(t, url, "edgeagent-refused", logs))
+	cfg := testConfig(t, url, "edgeagent-refused", logs)
+	cfg.ReconnectMax = 2 * time.Second // the first retry comes 0.5 to 1 s after
+	startIngester(t, b, cfg)
 	mqtttest.WaitFor(t, 10*time.Second, "a connect-failure warning", func() bool {
 		s := logs.String()
 		return strings.Contains(s, "broker connect failed; retrying") && strings.Contains(s, "refused")
 	})
 	// One line an attempt (paho's per-broker notification doubled them):
-	// two lines are two attempts, a retry interval (1 s) apart.
+	// two lines are two attempts, the first retry's back-off apart.
 	var at []time.Time
 	mqtttest.WaitFor(t, 10*time.Second, "a second attempt's warning", func() bool {
 		at = at[:0]
@@ -552,6 +556,54 @@ func TestConnectFailureIsLogged(t *testing.T) {
 	})
 	if gap := at[1].Sub(at[0]); gap < 500*time.Millisecond {
 		t.Errorf("two warnings %v apart: one attempt logged twice", gap)
+	}
+}
+
+// The first connect to a broker that is down backs off as reconnects do
+// (paho's own first-connect retry is a fixed interval): from 1 s,
+// doubling, capped at ReconnectMax, with jitter; and a stop ends the wait.
+func TestFirstConnectBacksOff(t *testing.T) {
+	b := openBronze(t, buffer.Options{})
+	url := fmt.Sprintf("tcp://127.0.0.1:%d", mqtttest.FreePort(t))
+	cfg := testConfig(t, url, "edgeagent-backoff", nil)
+	cfg.ReconnectMax = 6 * time.Second
+	cfg.rand = func() float64 { return 0 } // the jitter's lower end: d/2
+	var mu sync.Mutex
+	var waits []time.Duration
+	stopped := make(chan error, 1)
+	cfg.connectWait = func(ctx context.Context, d time.Duration) error {
+		mu.Lock()
+		waits = append(waits, d)
+		n := len(waits)
+		mu.Unlock()
+		if n < 6 {
+			return nil // recorded, not waited: the next attempt follows
+		}
+		<-ctx.Done() // the sixth wait lasts until the stop
+		stopped <- ctx.Err()
+		return ctx.Err()
+	}
+	in := startIngester(t, b, cfg)
+	mqtttest.WaitFor(t, 10*time.Second, "six first-connect retries", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(waits) >= 6
+	})
+	mu.Lock()
+	got := slices.Clone(waits)
+	mu.Unlock()
+	want := []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 3 * time.Second, 3 * time.Second, 3 * time.Second}
+	if !slices.Equal(got, want) {
+		t.Fatalf("first-connect waits %v, want %v", got, want)
+	}
+	in.Close()
+	select {
+	case err := <-stopped:
+		if err == nil {
+			t.Fatal("the wait ended without its context ending")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not end the first-connect back-off")
 	}
 }
 

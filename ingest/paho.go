@@ -11,6 +11,8 @@ import (
 	"time"
 
 	paho "github.com/eclipse/paho.mqtt.golang"
+
+	"github.com/edgeagent/edgeagent/internal/backoff"
 )
 
 // mqttClient is the part of paho ingest uses: a seam for tests and a
@@ -40,12 +42,18 @@ type pahoSource struct {
 	// so the broker should have kept the session; recorded: it does now.
 	hadSession bool
 	recorded   atomic.Bool
+	// retryCtx ends a first-connect back-off when stop begins (not with
+	// the ingest's context, which ends first: paho would retry at once
+	// while the committer drains).
+	retryCtx    context.Context
+	cancelRetry context.CancelFunc
 }
 
 func (p *pahoSource) start(ctx context.Context) error {
 	cfg := p.in.cfg
 	log := p.in.com.log
 	p.readSession()
+	p.retryCtx, p.cancelRetry = context.WithCancel(context.Background())
 	opts := paho.NewClientOptions().
 		AddBroker(cfg.Broker).
 		SetClientID(cfg.ClientID).
@@ -56,7 +64,9 @@ func (p *pahoSource) start(ctx context.Context) error {
 		SetConnectTimeout(cfg.ConnectTimeout).
 		SetAutoReconnect(true).
 		SetConnectRetry(true).
-		SetConnectRetryInterval(time.Second).
+		// paho's pause between first-connect attempts is fixed; the
+		// back-off is the notification handler's (retryWait).
+		SetConnectRetryInterval(time.Millisecond).
 		SetMaxReconnectInterval(cfg.ReconnectMax).
 		SetStore(newSessionStore())
 	if cfg.Username != "" {
@@ -150,8 +160,20 @@ func (p *pahoSource) start(ctx context.Context) error {
 	// (BrokerFailed), and with one broker that counted each attempt twice
 	// in the log's repeated=N.
 	opts.SetConnectionNotificationHandler(func(_ paho.Client, n paho.ConnectionNotification) {
-		if f, ok := n.(paho.ConnectionNotificationFailed); ok && f.Reason != nil {
-			log.Warn("broker connect failed; retrying", "broker", cfg.Broker, "err", f.Reason)
+		switch n := n.(type) {
+		case paho.ConnectionNotificationFailed:
+			if n.Reason != nil {
+				log.Warn("broker connect failed; retrying", "broker", cfg.Broker, "err", n.Reason)
+			}
+		case paho.ConnectionNotificationConnecting:
+			// paho's reconnects back off by themselves (up to
+			// ReconnectMax); its first connect retries at a fixed
+			// interval, so a fleet started against a broker that is down
+			// would knock every second, in step. It backs off here, in
+			// paho's connect goroutine, before the attempt.
+			if !n.IsReconnect && n.Attempt > 0 {
+				_ = cfg.connectWait(p.retryCtx, backoff.Delay(n.Attempt-1, time.Second, cfg.ReconnectMax, cfg.rand))
+			}
 		}
 	})
 	p.client = paho.NewClient(opts)
@@ -251,6 +273,9 @@ func (p *pahoSource) onMessage(_ paho.Client, m paho.Message) {
 }
 
 func (p *pahoSource) stop() {
+	if p.cancelRetry != nil {
+		p.cancelRetry()
+	}
 	if p.client != nil {
 		p.client.Disconnect(250)
 	}

@@ -1,27 +1,19 @@
 package uplink
 
 import (
-	"context"
 	"math"
 	"time"
+
+	ibackoff "github.com/edgeagent/edgeagent/internal/backoff"
 )
 
 // backoffBase is the first reconnect delay.
 const backoffBase = 250 * time.Millisecond
 
 // backoff returns the delay before reconnect attempt n (0 for the first
-// after a loss): exponential from backoffBase, capped at max, with "equal
-// jitter" — a uniform pick in [d/2, d) — so a fleet that lost the same
-// server does not come back in lockstep, yet never retries at once.
+// after a loss): see backoff.Delay.
 func backoff(n int, max time.Duration, rnd func() float64) time.Duration {
-	d := max
-	if n < 30 {
-		if e := backoffBase * time.Duration(math.Pow(2, float64(n))); e > 0 && e < max {
-			d = e
-		}
-	}
-	half := d / 2
-	return half + time.Duration(rnd()*float64(d-half))
+	return ibackoff.Delay(n, backoffBase, max, rnd)
 }
 
 // tokenBucket limits the bytes sent per second. A send may overdraw it; the
@@ -58,16 +50,4 @@ func (b *tokenBucket) reserve(n int) time.Duration {
 }
 
 // sleepCtx waits d or until ctx is done.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+var sleepCtx = ibackoff.Sleep

@@ -5,39 +5,6 @@ import (
 	"time"
 )
 
-func TestBackoff(t *testing.T) {
-	const max = 30 * time.Second
-	lo := func() float64 { return 0 }
-	hi := func() float64 { return 0.999999 }
-	prevLo := time.Duration(0)
-	for n := 0; n < 40; n++ {
-		a, b := backoff(n, max, lo), backoff(n, max, hi)
-		if a > b {
-			t.Fatalf("attempt %d: jitter range inverted: %v > %v", n, a, b)
-		}
-		if b > max {
-			t.Fatalf("attempt %d: %v exceeds the cap %v", n, b, max)
-		}
-		if a < prevLo {
-			t.Fatalf("attempt %d: lower bound fell from %v to %v", n, prevLo, a)
-		}
-		if a <= 0 {
-			t.Fatalf("attempt %d: no wait at all", n)
-		}
-		prevLo = a
-	}
-	if got := backoff(0, max, lo); got != backoffBase/2 {
-		t.Fatalf("first attempt lower bound = %v, want %v", got, backoffBase/2)
-	}
-	if got := backoff(100, max, lo); got != max/2 {
-		t.Fatalf("capped lower bound = %v, want %v", got, max/2)
-	}
-	// A cap below the base still waits, within the cap.
-	if got := backoff(0, 100*time.Millisecond, hi); got > 100*time.Millisecond || got < 50*time.Millisecond {
-		t.Fatalf("small cap: %v", got)
-	}
-}
-
 // fakeClock is a clock the test moves.
 type fakeClock struct{ now time.Time }
 
