@@ -252,6 +252,12 @@ type engine struct {
 	// the catch-up above every revision already written (revBase), so no
 	// key carries two contents and no revision goes back.
 	deferReplayed bool
+	// clearRows: the late and dead-letter rows of the records after
+	// clearRowsAfter (the checkpoint's offset) were decided under the old
+	// settings; the first commit deletes them, and the catch-up writes
+	// what the current ones decide, so a reading is in one place.
+	clearRows      bool
+	clearRowsAfter uint64
 
 	// batch outputs and state delta
 	out []emission
@@ -820,8 +826,8 @@ func (e *engine) emitSorted(ws []*window) {
 
 // suppressed says whether a late or dead-letter row is already written:
 // during a catch-up, unless the settings changed (deferReplayed), when the
-// rows written may not be these — then it is written again, a duplicate
-// row being better than a reading found in neither a window nor a table.
+// rows written may not be these — then the first commit deletes them
+// (clearRows) and the catch-up writes its own.
 func (e *engine) suppressed() bool { return e.replaying && !e.deferReplayed }
 
 // deferring says whether emissions are held pending: a catch-up under

@@ -964,3 +964,69 @@ func TestRunOnceReadsLargeRecordsInByteBoundedBatches(t *testing.T) {
 		t.Fatalf("RunOnce processed %d records, want all %d", got, n)
 	}
 }
+
+// After a crash, a restart with a longer allowed lateness replays the
+// records after the last checkpoint: a reading the old lateness sent to
+// the late table now lands in its window. Its old late row is deleted, so
+// the reading is in one place, not in the window and the table.
+func TestCrashThenLongerLatenessListsAReadingOnce(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Size, cfg.Slide = 10*time.Second, 10*time.Second
+	cfg.WatermarkDelay, cfg.AllowedLateness = 0, 10*time.Second
+	cfg.IdleTimeout, cfg.DeviceExpiry = 10*time.Minute, time.Hour
+	checkpointNever(&cfg)
+	db, br := openDB(t, "", true), openBronze(t, "")
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	step := func(s *Stage) { // to the end of Bronze, without a checkpoint
+		t.Helper()
+		for {
+			res, err := s.Step()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Records == 0 {
+				return
+			}
+		}
+	}
+	s, err := New(db, br, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Window [0s, 10s) gets a reading, the watermark passes its end plus
+	// the lateness (40s > 10s + 10s), and then a reading for it is late.
+	appendAll(t, br, []buffer.Record{
+		telemetry("d1", "1", at(1), at(50), 10), telemetry("d1", "2", at(40), at(50.1), 20),
+		telemetry("d1", "3", at(2), at(50.2), 30),
+	})
+	step(s)
+	if rows := readLate(t, db); len(rows) != 1 || rows[0].Value != 30 {
+		t.Fatalf("before the crash the late table holds %+v, want the reading of 30", rows)
+	}
+	// The crash: s is dropped unflushed, nothing was checkpointed. The
+	// restart allows a minute of lateness: window [0s, 10s) is open again
+	// during the catch-up (end 10s + 1m after the watermark 40s).
+	longer := cfg
+	longer.AllowedLateness = time.Minute
+	s2, err := New(db, br, longer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendAll(t, br, []buffer.Record{tick(at(51))})
+	runToEnd(t, s2)
+	if rows := readLate(t, db); len(rows) != 0 {
+		t.Errorf("after the catch-up the late table holds %+v, want none: the reading is in its window", rows)
+	}
+	var last wire.Aggregate
+	for _, a := range decodeOutbox(t, db) {
+		if a.Device == "d1" && a.Start == t0.UnixMilli() && a.Rev > last.Rev {
+			last = a
+		}
+	}
+	if last.Count != 2 || last.Sum == nil || *last.Sum != 40 {
+		t.Errorf("window [0s, 10s) of d1 ends as %s, want count 2, sum 40", show(last))
+	}
+	if st := s2.Stats(); st.LateRows != 0 {
+		t.Errorf("the stage counts %d late rows, want 0", st.LateRows)
+	}
+}

@@ -340,6 +340,7 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 		// settings (or ones this build did not record): see deferReplayed.
 		e.deferReplayed = true
 		e.revBase = max(e.revBase, e.highRev)
+		e.clearRows, e.clearRowsAfter = true, e.offset
 	}
 	var devs []*device
 	err := eachGroup(tx.Bucket(bucketDeviceGroups), deviceKeyLen, e.gen, &sweep[sweepDevices], func(_, v []byte) error {
@@ -583,6 +584,18 @@ func encodeAggregate(a *wire.Aggregate) ([]byte, error) {
 // and evicts the oldest beyond the caps.
 func writeRows(tx *bolt.Tx, e *engine, ar *boltkv.Arena) error {
 	lb := tx.Bucket(bucketLate)
+	if e.clearRows {
+		n, err := deleteRowsAfter(lb, e.clearRowsAfter)
+		if err != nil {
+			return fmt.Errorf("delete the late rows the catch-up writes again: %w", err)
+		}
+		e.c.LateRows -= min(n, e.c.LateRows)
+		if n, err = deleteRowsAfter(tx.Bucket(bucketDead), e.clearRowsAfter); err != nil {
+			return fmt.Errorf("delete the dead-letter rows the catch-up writes again: %w", err)
+		}
+		e.c.DeadRows -= min(n, e.c.DeadRows)
+		e.clearRows = false // a failed commit reloads the state, which sets it again
+	}
 	for i := range e.lates {
 		if err := putRow(lb, ar.Cut(appendLate(ar.Room(128), &e.lates[i]))); err != nil {
 			return fmt.Errorf("put late row: %w", err)
@@ -627,6 +640,27 @@ func putRow(b *bolt.Bucket, v []byte) error {
 	var k [8]byte
 	binary.BigEndian.PutUint64(k[:], seq)
 	return b.Put(k[:], v)
+}
+
+// deleteRowsAfter deletes the late or dead-letter rows of Bronze records
+// after seq. Rows are appended in Bronze order (a catch-up's after the
+// deletion that precedes it), so they are the bucket's last.
+func deleteRowsAfter(b *bolt.Bucket, seq uint64) (uint64, error) {
+	var keys [][]byte
+	c := b.Cursor()
+	for k, v := c.Last(); k != nil; k, v = c.Prev() {
+		// Both rows' encodings begin with the record's sequence.
+		if s, n := binary.Uvarint(v); n <= 0 || s <= seq {
+			break
+		}
+		keys = append(keys, bytes.Clone(k))
+	}
+	for _, k := range keys {
+		if err := b.Delete(k); err != nil {
+			return 0, err
+		}
+	}
+	return uint64(len(keys)), nil
 }
 
 func evict(b *bolt.Bucket, rows *uint64, limit uint64) (uint64, error) {
