@@ -268,6 +268,21 @@ func runToEnd(t testing.TB, s *Stage) {
 	}
 }
 
+// stepToEnd steps s to the end of Bronze without the checkpoint RunOnce's
+// Flush writes: dropping s then is a crash.
+func stepToEnd(t testing.TB, s *Stage) {
+	t.Helper()
+	for {
+		res, err := s.Step()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Records == 0 {
+			return
+		}
+	}
+}
+
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()

@@ -808,18 +808,6 @@ func TestCrashThenChangedSettings(t *testing.T) {
 			tc.before(&base)
 			db, br := openDB(t, "", true), openBronze(t, "")
 			at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
-			step := func(s *Stage) {
-				t.Helper()
-				for {
-					res, err := s.Step()
-					if err != nil {
-						t.Fatal(err)
-					}
-					if res.Records == 0 {
-						return
-					}
-				}
-			}
 			s, err := New(db, br, base)
 			if err != nil {
 				t.Fatal(err)
@@ -829,9 +817,9 @@ func TestCrashThenChangedSettings(t *testing.T) {
 			appendAll(t, br, []buffer.Record{
 				telemetry("d1", "1", at(1), at(20), 10), telemetry("d1", "2", at(15), at(20.5), 20),
 			})
-			step(s)
+			stepToEnd(t, s)
 			appendAll(t, br, []buffer.Record{telemetry("d1", "3", at(2), at(21.2), 30), tick(at(22.1))})
-			step(s)
+			stepToEnd(t, s)
 			if got := decodeOutbox(t, db); len(got) != tc.written || tc.written == 2 && (got[1].Rev != 2 || got[1].Count != 2) {
 				t.Fatalf("before the crash the outbox holds %v, want %d aggregates of the window", got, tc.written)
 			}
@@ -867,7 +855,7 @@ func TestCrashThenChangedSettings(t *testing.T) {
 			for i := range 6 {
 				appendAll(t, br, []buffer.Record{tick(at(30 + 10*float64(i)))})
 			}
-			step(s2)
+			stepToEnd(t, s2)
 			if err := s2.Flush(); err != nil {
 				t.Fatal(err)
 			}
@@ -977,18 +965,6 @@ func TestCrashThenLongerLatenessListsAReadingOnce(t *testing.T) {
 	checkpointNever(&cfg)
 	db, br := openDB(t, "", true), openBronze(t, "")
 	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
-	step := func(s *Stage) { // to the end of Bronze, without a checkpoint
-		t.Helper()
-		for {
-			res, err := s.Step()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if res.Records == 0 {
-				return
-			}
-		}
-	}
 	s, err := New(db, br, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -999,7 +975,7 @@ func TestCrashThenLongerLatenessListsAReadingOnce(t *testing.T) {
 		telemetry("d1", "1", at(1), at(50), 10), telemetry("d1", "2", at(40), at(50.1), 20),
 		telemetry("d1", "3", at(2), at(50.2), 30),
 	})
-	step(s)
+	stepToEnd(t, s)
 	if rows := readLate(t, db); len(rows) != 1 || rows[0].Value != 30 {
 		t.Fatalf("before the crash the late table holds %+v, want the reading of 30", rows)
 	}
