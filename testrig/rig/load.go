@@ -136,6 +136,50 @@ type LoadReport struct {
 	Result   *verify.Result `json:"result"`
 	Failures []string       `json:"failures,omitempty"`
 	Notes    []string       `json:"notes,omitempty"`
+	// Targets judges the run against load mode's targets. They are set for
+	// 10,000 devices on a machine like the gateway's; a miss is reported,
+	// and is not a failure: the exit status says whether every window
+	// arrived right.
+	Targets []Target `json:"targets"`
+}
+
+// Target is one of load mode's targets, judged on one run.
+type Target struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
+	Met   bool   `json:"met"`
+}
+
+// Load mode's targets, with QoS1 and durable ingest: at least this share
+// of the ceiling's rate, at most this CPU per million readings (parse,
+// dedup, windows, commits and uplink together), a peak RSS under this
+// many bytes (40 MB), and nothing dropped.
+const (
+	TargetCeilingShare   = 0.90
+	TargetCPUPerMillion  = 12.0
+	TargetPeakRSSBytes   = 40_000_000
+	TargetDevices        = 10_000
+	targetNothingDropped = "nothing dropped, every window correct"
+)
+
+// judgeTargets fills Targets from the run's figures.
+func (l *LoadReport) judgeTargets() {
+	share := 0.0
+	if l.Ceiling.PerSecond > 0 {
+		share = l.Ingest.PerSecond / l.Ceiling.PerSecond
+	}
+	dropped := "yes"
+	if l.OK() {
+		dropped = "none"
+	}
+	l.Targets = []Target{
+		{fmt.Sprintf("durable ingest >= %.0f%% of the ceiling", 100*TargetCeilingShare), fmt.Sprintf("%.0f%%", 100*share), share >= TargetCeilingShare},
+		{fmt.Sprintf("agent CPU <= %g s per million readings", TargetCPUPerMillion), fmt.Sprintf("%.1f s", l.CPUSecondsPerMillion),
+			l.Readings > 0 && l.CPUSecondsPerMillion <= TargetCPUPerMillion},
+		{fmt.Sprintf("agent peak RSS < %d MB", TargetPeakRSSBytes/1_000_000), fmt.Sprintf("%.1f MB (%s)", float64(l.PeakRSSBytes)/1e6, bytesStr(l.PeakRSSBytes)),
+			l.PeakRSSBytes > 0 && l.PeakRSSBytes < TargetPeakRSSBytes},
+		{targetNothingDropped, dropped, l.OK()},
+	}
 }
 
 // OK reports whether the load run delivered everything correctly.
@@ -178,6 +222,20 @@ func (l *LoadReport) WriteTable(w io.Writer) {
 	if r := l.Result; r != nil {
 		fmt.Fprintf(w, "  verified                         %s windows correct, %d wrong, %d missing, %d extra\n",
 			num(r.Windows.Correct), r.Windows.Wrong, r.Windows.Missing, r.Windows.Extra)
+	}
+	if len(l.Targets) > 0 {
+		scale := ""
+		if l.Devices != TargetDevices {
+			scale = fmt.Sprintf(" (set for %s devices; this run has %s)", num(TargetDevices), num(l.Devices))
+		}
+		fmt.Fprintf(w, "  targets%s\n", scale)
+		for _, t := range l.Targets {
+			verdict := "met"
+			if !t.Met {
+				verdict = "MISSED"
+			}
+			fmt.Fprintf(w, "    %-44s %-6s  %s\n", t.Name, verdict, t.Value)
+		}
 	}
 	for _, n := range l.Notes {
 		fmt.Fprintf(w, "  note: %s\n", n)
@@ -411,6 +469,7 @@ func Load(ctx context.Context, o LoadOptions) (*LoadReport, error) {
 		lr.CPUSecondsPerMillion = usage.CPUSeconds / float64(lr.Readings) * 1e6
 		lr.UplinkBytesPerReading = float64(lr.UplinkBytes) / float64(lr.Readings)
 	}
+	lr.judgeTargets()
 	e.close()
 	if lr.OK() && temp {
 		os.RemoveAll(dir)

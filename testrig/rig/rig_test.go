@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -107,6 +108,61 @@ func TestReportTableAndJSON(t *testing.T) {
 	}
 	if back.Verdict != Fail || back.Result.Windows.Wrong != 1 || *back.Counters.Late.Observed != 3 {
 		t.Fatalf("JSON round trip lost data: %+v", back)
+	}
+}
+
+// A load report judges the run against load mode's targets, each at its
+// boundary: met at the target, missed past it, and "nothing dropped"
+// missed by any failure.
+func TestLoadTargets(t *testing.T) {
+	base := LoadReport{Devices: TargetDevices, Ceiling: Rate{PerSecond: 1000}, Ingest: Rate{PerSecond: 900},
+		Readings: 1e6, CPUSecondsPerMillion: 12, PeakRSSBytes: TargetPeakRSSBytes - 1}
+	met := func(l LoadReport) []bool {
+		l.judgeTargets()
+		var out []bool
+		for _, tg := range l.Targets {
+			out = append(out, tg.Met)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name   string
+		change func(*LoadReport)
+		want   []bool
+	}{
+		{"every target at its boundary", func(*LoadReport) {}, []bool{true, true, true, true}},
+		{"ingest under 90%", func(l *LoadReport) { l.Ingest.PerSecond = 899 }, []bool{false, true, true, true}},
+		{"CPU over 12 s", func(l *LoadReport) { l.CPUSecondsPerMillion = 12.01 }, []bool{true, false, true, true}},
+		{"RSS at 40 MB", func(l *LoadReport) { l.PeakRSSBytes = TargetPeakRSSBytes }, []bool{true, true, false, true}},
+		{"a failure", func(l *LoadReport) { l.Failures = []string{"verifier: 0 wrong, 1 missing, 0 extra windows"} }, []bool{true, true, true, false}},
+		{"no figures", func(l *LoadReport) { *l = LoadReport{Devices: TargetDevices} }, []bool{false, false, false, true}},
+	} {
+		l := base
+		tc.change(&l)
+		if got := met(l); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: targets met %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	l := base
+	l.PeakRSSBytes, l.Devices = 62_200_000, 1000
+	l.judgeTargets()
+	var b bytes.Buffer
+	l.WriteTable(&b)
+	for _, want := range []string{"targets (set for 10,000 devices; this run has 1,000)", "agent peak RSS < 40 MB", "MISSED  62.2 MB (59.3 MiB)", "met     90%"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+	b.Reset()
+	if err := l.WriteJSON(&b); err != nil {
+		t.Fatal(err)
+	}
+	var back LoadReport
+	if err := json.Unmarshal(b.Bytes(), &back); err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Targets) != 4 || back.Targets[2].Met || !back.Targets[0].Met {
+		t.Fatalf("JSON targets %+v", back.Targets)
 	}
 }
 
