@@ -45,6 +45,9 @@ func BenchmarkLoad(b *testing.B) {
 		b.ReportMetric(float64(lr.PeakRSSBytes)/(1<<20), "peak-RSS-MiB")
 		b.ReportMetric(lr.CPUSecondsPerMillion, "CPU-s/Mreadings")
 		b.ReportMetric(lr.UplinkBytesPerReading, "uplink-B/reading")
+		var targets strings.Builder // what the metrics meet or miss
+		lr.WriteTargets(&targets)
+		b.Log("\n" + targets.String())
 	}
 }
 

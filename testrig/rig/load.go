@@ -223,6 +223,17 @@ func (l *LoadReport) WriteTable(w io.Writer) {
 		fmt.Fprintf(w, "  verified                         %s windows correct, %d wrong, %d missing, %d extra\n",
 			num(r.Windows.Correct), r.Windows.Wrong, r.Windows.Missing, r.Windows.Extra)
 	}
+	l.WriteTargets(w)
+	for _, n := range l.Notes {
+		fmt.Fprintf(w, "  note: %s\n", n)
+	}
+	for _, f := range l.Failures {
+		fmt.Fprintf(w, "  FAILURE: %s\n", f)
+	}
+}
+
+// WriteTargets writes the targets' lines of the table.
+func (l *LoadReport) WriteTargets(w io.Writer) {
 	if len(l.Targets) > 0 {
 		scale := ""
 		if l.Devices != TargetDevices {
@@ -236,12 +247,6 @@ func (l *LoadReport) WriteTable(w io.Writer) {
 			}
 			fmt.Fprintf(w, "    %-44s %-6s  %s\n", t.Name, verdict, t.Value)
 		}
-	}
-	for _, n := range l.Notes {
-		fmt.Fprintf(w, "  note: %s\n", n)
-	}
-	for _, f := range l.Failures {
-		fmt.Fprintf(w, "  FAILURE: %s\n", f)
 	}
 }
 
