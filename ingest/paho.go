@@ -65,7 +65,7 @@ func (p *pahoSource) start(ctx context.Context) error {
 		SetAutoReconnect(true).
 		SetConnectRetry(true).
 		// paho's pause between first-connect attempts is fixed; the
-		// back-off is the notification handler's (retryWait).
+		// back-off is the notification handler's (connectWait, below).
 		SetConnectRetryInterval(time.Millisecond).
 		SetMaxReconnectInterval(cfg.ReconnectMax).
 		SetStore(newSessionStore())
