@@ -12,11 +12,11 @@ import (
 // row per group.
 //
 // The ids of every hot group sit in one slice, group after group, 8 bytes
-// each, and the groups themselves are 16-byte headers: at 10,000 devices
+// each, and the groups themselves are 12-byte headers: at 10,000 devices
 // and 10 minutes of lateness the dedup sets are one of the largest parts
 // of the stage's heap, and a slice per group cost its header and its
 // growth slack on every group (BenchmarkDedupHeld: 1,424 bytes a device
-// with a slice per group, 760 like this). A lookup scans the ids of the
+// with a slice per group, 936 with 16-byte headers, 872 like this). A lookup scans the ids of the
 // groups that still count, contiguous, which is cheaper than a map for
 // the few dozen ids a device usually holds; a device past dedupIndexMin
 // ids also keeps a map, so a fast device never scans thousands.
@@ -46,12 +46,24 @@ type dedupSet struct {
 }
 
 // dedupGroup is a group's header: its end and how many ids (hot) or
-// fingerprints (cold) it holds.
+// fingerprints (cold) it holds. Twelve bytes, not the sixteen an int64
+// field would align it to: load mode holds some 130,000 of them.
 type dedupGroup struct {
-	end   int64
-	n     int32
-	dirty bool // changed since the last checkpoint (hot groups only)
+	endLo, endHi uint32 // end, unix ms
+	// nd is the count, with groupDirty set while the group changed since
+	// the last checkpoint (hot groups only).
+	nd uint32
 }
+
+const groupDirty = 1 << 31
+
+func newGroup(end int64, n int) dedupGroup {
+	return dedupGroup{endLo: uint32(end), endHi: uint32(uint64(end) >> 32), nd: uint32(n)}
+}
+
+func (g dedupGroup) end() int64    { return int64(uint64(g.endHi)<<32 | uint64(g.endLo)) }
+func (g dedupGroup) count() int    { return int(g.nd &^ groupDirty) }
+func (g dedupGroup) isDirty() bool { return g.nd&groupDirty != 0 }
 
 // dedupIndexMin is the set size from which lookups go through a map.
 const dedupIndexMin = 256
@@ -68,8 +80,8 @@ func (s *dedupSet) seen(id uint64, finalBefore int64) bool {
 		return ok && end > finalBefore
 	}
 	hi := len(s.ids)
-	for i := len(s.groups) - 1; i >= 0 && s.groups[i].end > finalBefore; i-- {
-		lo := hi - int(s.groups[i].n)
+	for i := len(s.groups) - 1; i >= 0 && s.groups[i].end() > finalBefore; i-- {
+		lo := hi - s.groups[i].count()
 		if slices.Contains(s.ids[lo:hi], id) {
 			return true
 		}
@@ -84,27 +96,27 @@ func (s *dedupSet) seen(id uint64, finalBefore int64) bool {
 // dropped: no lookup consults it.
 func (s *dedupSet) add(id uint64, end int64) (newlyDirty bool) {
 	i, off := len(s.groups), len(s.ids)
-	for i > 0 && s.groups[i-1].end > end {
+	for i > 0 && s.groups[i-1].end() > end {
 		i--
-		off -= int(s.groups[i].n)
+		off -= s.groups[i].count()
 	}
-	if i == 0 || s.groups[i-1].end != end {
-		s.groups = insertSpare(s.groups, i, dedupGroup{end: end})
+	if i == 0 || s.groups[i-1].end() != end {
+		s.groups = insertSpare(s.groups, i, newGroup(end, 0))
 	} else {
 		i--
 	}
 	s.ids = openGap(s.ids, off, 1)
 	s.ids[off] = id
 	g := &s.groups[i]
-	g.n++
-	newlyDirty, g.dirty = !g.dirty, true
+	newlyDirty = !g.isDirty()
+	g.nd = (g.nd + 1) | groupDirty
 	s.remember(id, end)
 	return newlyDirty
 }
 
 // load adds a stored group (rows come in key order: ascending ends).
 func (s *dedupSet) load(end int64, ids []uint64) {
-	s.groups = insertSpare(s.groups, len(s.groups), dedupGroup{end: end, n: int32(len(ids))})
+	s.groups = insertSpare(s.groups, len(s.groups), newGroup(end, len(ids)))
 	s.ids = insertSpare(s.ids, len(s.ids), ids...)
 	for _, id := range ids {
 		s.remember(id, end)
@@ -127,10 +139,10 @@ func (s *dedupSet) buildIndex() {
 	s.index = make(map[uint64]int64, len(s.ids))
 	off := 0
 	for _, g := range s.groups {
-		for _, id := range s.ids[off : off+int(g.n)] {
-			s.indexAdd(id, g.end)
+		for _, id := range s.ids[off : off+g.count()] {
+			s.indexAdd(id, g.end())
 		}
-		off += int(g.n)
+		off += g.count()
 	}
 }
 
@@ -146,10 +158,10 @@ func (s *dedupSet) indexAdd(id uint64, end int64) {
 func (s *dedupSet) hotIDs(end int64) ([]uint64, bool) {
 	off := 0
 	for _, g := range s.groups {
-		if g.end == end {
-			return s.ids[off : off+int(g.n)], true
+		if g.end() == end {
+			return s.ids[off : off+g.count()], true
 		}
-		off += int(g.n)
+		off += g.count()
 	}
 	return nil, false
 }
@@ -158,10 +170,10 @@ func (s *dedupSet) hotIDs(end int64) ([]uint64, bool) {
 func (s *dedupSet) minEnd() int64 {
 	m := int64(endless)
 	if len(s.groups) > 0 {
-		m = s.groups[0].end
+		m = s.groups[0].end()
 	}
 	if len(s.cold) > 0 {
-		m = min(m, s.cold[0].end)
+		m = min(m, s.cold[0].end())
 	}
 	return m
 }
@@ -181,9 +193,9 @@ func (s *dedupSet) coldCandidates(id uint64, finalBefore int64, check func(end i
 		}
 	}
 	hi := len(s.coldFP)
-	for i := len(s.cold) - 1; i >= 0 && s.cold[i].end > finalBefore; i-- {
-		lo := hi - int(s.cold[i].n)
-		if slices.Contains(s.coldFP[lo:hi], fp) && check(s.cold[i].end) {
+	for i := len(s.cold) - 1; i >= 0 && s.cold[i].end() > finalBefore; i-- {
+		lo := hi - s.cold[i].count()
+		if slices.Contains(s.coldFP[lo:hi], fp) && check(s.cold[i].end()) {
 			return true
 		}
 		hi = lo
@@ -193,26 +205,26 @@ func (s *dedupSet) coldCandidates(id uint64, finalBefore int64, check func(end i
 
 // coldAt returns the index of the cold group of end.
 func (s *dedupSet) coldAt(end int64) (int, bool) {
-	return slices.BinarySearchFunc(s.cold, end, func(g dedupGroup, end int64) int { return cmp.Compare(g.end, end) })
+	return slices.BinarySearchFunc(s.cold, end, func(g dedupGroup, end int64) int { return cmp.Compare(g.end(), end) })
 }
 
 // warm makes cold group i hot again with its ids read back from disk, so
 // that an id can be added to it.
 func (s *dedupSet) warm(i int, ids []uint64) {
-	end := s.cold[i].end
+	end := s.cold[i].end()
 	off := 0
 	for _, g := range s.cold[:i] {
-		off += int(g.n)
+		off += g.count()
 	}
-	s.coldFP = slices.Delete(s.coldFP, off, off+int(s.cold[i].n))
+	s.coldFP = slices.Delete(s.coldFP, off, off+s.cold[i].count())
 	s.cold = slices.Delete(s.cold, i, i+1)
 	s.rebuildColdBits()
 	j, hot := len(s.groups), len(s.ids)
-	for j > 0 && s.groups[j-1].end > end {
+	for j > 0 && s.groups[j-1].end() > end {
 		j--
-		hot -= int(s.groups[j].n)
+		hot -= s.groups[j].count()
 	}
-	s.groups = insertSpare(s.groups, j, dedupGroup{end: end, n: int32(len(ids))})
+	s.groups = insertSpare(s.groups, j, newGroup(end, len(ids)))
 	s.ids = insertSpare(s.ids, hot, ids...)
 	for _, id := range ids {
 		s.remember(id, end)
@@ -225,9 +237,9 @@ func (s *dedupSet) warm(i int, ids []uint64) {
 // readings was emitted and new in-order readings never land in them.
 func (s *dedupSet) evict(through int64) {
 	k, ids := 0, 0
-	for k < len(s.groups) && s.groups[k].end <= through && !s.groups[k].dirty {
-		n := int(s.groups[k].n)
-		s.addCold(s.groups[k].end, s.ids[ids:ids+n])
+	for k < len(s.groups) && s.groups[k].end() <= through && !s.groups[k].isDirty() {
+		n := s.groups[k].count()
+		s.addCold(s.groups[k].end(), s.ids[ids:ids+n])
 		ids += n
 		k++
 	}
@@ -257,11 +269,11 @@ func (s *dedupSet) loadCold(end int64, ids []uint64) {
 // all, but a group warmed for late data goes back among them.
 func (s *dedupSet) addCold(end int64, ids []uint64) {
 	i, off := len(s.cold), len(s.coldFP)
-	for i > 0 && s.cold[i-1].end > end {
+	for i > 0 && s.cold[i-1].end() > end {
 		i--
-		off -= int(s.cold[i].n)
+		off -= s.cold[i].count()
 	}
-	s.cold = insertSpare(s.cold, i, dedupGroup{end: end, n: int32(len(ids))})
+	s.cold = insertSpare(s.cold, i, newGroup(end, len(ids)))
 	s.coldFP = openGap(s.coldFP, off, len(ids))
 	for j, id := range ids {
 		s.coldFP[off+j] = fingerprint(id)
@@ -307,9 +319,9 @@ func fingerprint(id uint64) uint16 { return uint16(id) }
 // and returns how many groups and ids went.
 func (s *dedupSet) prune(finalBefore int64) (groups, ids int) {
 	c, cids := 0, 0
-	for c < len(s.cold) && s.cold[c].end <= finalBefore {
-		s.dropped = append(s.dropped, s.cold[c].end)
-		cids += int(s.cold[c].n)
+	for c < len(s.cold) && s.cold[c].end() <= finalBefore {
+		s.dropped = append(s.dropped, s.cold[c].end())
+		cids += s.cold[c].count()
 		c++
 	}
 	if c > 0 {
@@ -318,9 +330,9 @@ func (s *dedupSet) prune(finalBefore int64) (groups, ids int) {
 		s.rebuildColdBits()
 	}
 	k, gone := 0, 0
-	for k < len(s.groups) && s.groups[k].end <= finalBefore {
-		s.dropped = append(s.dropped, s.groups[k].end)
-		gone += int(s.groups[k].n)
+	for k < len(s.groups) && s.groups[k].end() <= finalBefore {
+		s.dropped = append(s.dropped, s.groups[k].end())
+		gone += s.groups[k].count()
 		k++
 	}
 	if k > 0 {
@@ -335,12 +347,12 @@ func (s *dedupSet) dropHot(k, ids int) {
 	if s.index != nil {
 		off := 0
 		for _, g := range s.groups[:k] {
-			for _, id := range s.ids[off : off+int(g.n)] {
-				if s.index[id] == g.end {
+			for _, id := range s.ids[off : off+g.count()] {
+				if s.index[id] == g.end() {
 					delete(s.index, id)
 				}
 			}
-			off += int(g.n)
+			off += g.count()
 		}
 	}
 	s.groups = shrunk(slices.Delete(s.groups, 0, k))
@@ -353,7 +365,7 @@ func (s *dedupSet) dropHot(k, ids int) {
 // written clears the checkpoint marks after a checkpoint wrote the set.
 func (s *dedupSet) written() {
 	for i := range s.groups {
-		s.groups[i].dirty = false
+		s.groups[i].nd &^= groupDirty
 	}
 	s.dropped = s.dropped[:0]
 }

@@ -77,9 +77,9 @@ func TestDedupSetMatchesAMap(t *testing.T) {
 					delete(disk, end)
 				}
 				for _, g := range s.groups {
-					if g.dirty {
-						ids, _ := s.hotIDs(g.end)
-						disk[g.end] = slices.Clone(ids)
+					if g.isDirty() {
+						ids, _ := s.hotIDs(g.end())
+						disk[g.end()] = slices.Clone(ids)
 					}
 				}
 				s.written()
@@ -103,14 +103,14 @@ func TestDedupSetMatchesAMap(t *testing.T) {
 			coldBitsUsed = coldBitsUsed || s.coldBits != nil
 			live := 0
 			for _, g := range s.groups {
-				live += int(g.n)
+				live += g.count()
 			}
 			if live != len(s.ids) {
 				t.Fatalf("seed %d step %d: %d ids, hot groups count %d", seed, step, len(s.ids), live)
 			}
 			cold := 0
 			for _, g := range s.cold {
-				cold += int(g.n)
+				cold += g.count()
 			}
 			if cold != len(s.coldFP) {
 				t.Fatalf("seed %d step %d: cold groups count %d ids, %d fingerprints", seed, step, cold, len(s.coldFP))

@@ -325,11 +325,11 @@ func dedupChanges(changes []rowChange, e *engine) []rowChange {
 		}
 		off := 0
 		for _, g := range d.dedup.groups {
-			if g.dirty {
-				slices.Sort(d.dedup.ids[off : off+int(g.n)]) // in place: a group is a set
-				changes = append(changes, rowChange{at: g.end, shard: d.shard, kind: putDedup, ref: d})
+			if g.isDirty() {
+				slices.Sort(d.dedup.ids[off : off+g.count()]) // in place: a group is a set
+				changes = append(changes, rowChange{at: g.end(), shard: d.shard, kind: putDedup, ref: d})
 			}
-			off += int(g.n)
+			off += g.count()
 		}
 	}
 	return changes

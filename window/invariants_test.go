@@ -66,8 +66,8 @@ func checkStateInvariants(t *testing.T, s *Stage, checkpointed bool) {
 		// dedup set consistency
 		hot := 0
 		for i, g := range d.dedup.groups {
-			hot += int(g.n)
-			if i > 0 && d.dedup.groups[i-1].end >= g.end {
+			hot += g.count()
+			if i > 0 && d.dedup.groups[i-1].end() >= g.end() {
 				t.Fatalf("%s: hot groups out of order", d.name)
 			}
 		}
@@ -76,12 +76,12 @@ func checkStateInvariants(t *testing.T, s *Stage, checkpointed bool) {
 		}
 		cold := 0
 		for i, g := range d.dedup.cold {
-			cold += int(g.n)
-			if i > 0 && d.dedup.cold[i-1].end >= g.end {
+			cold += g.count()
+			if i > 0 && d.dedup.cold[i-1].end() >= g.end() {
 				t.Fatalf("%s: cold groups out of order", d.name)
 			}
-			if _, ok := d.dedup.hotIDs(g.end); ok {
-				t.Fatalf("%s: group %d both hot and cold", d.name, g.end)
+			if _, ok := d.dedup.hotIDs(g.end()); ok {
+				t.Fatalf("%s: group %d both hot and cold", d.name, g.end())
 			}
 		}
 		if cold != len(d.dedup.coldFP) {
@@ -93,12 +93,12 @@ func checkStateInvariants(t *testing.T, s *Stage, checkpointed bool) {
 		if d.dedup.index != nil {
 			off := 0
 			for _, g := range d.dedup.groups {
-				for _, id := range d.dedup.ids[off : off+int(g.n)] {
-					if end, ok := d.dedup.index[id]; !ok || end < g.end {
-						t.Fatalf("%s: index misses id %x of group %d (has %d %v)", d.name, id, g.end, end, ok)
+				for _, id := range d.dedup.ids[off : off+g.count()] {
+					if end, ok := d.dedup.index[id]; !ok || end < g.end() {
+						t.Fatalf("%s: index misses id %x of group %d (has %d %v)", d.name, id, g.end(), end, ok)
 					}
 				}
-				off += int(g.n)
+				off += g.count()
 			}
 		} else if len(d.dedup.ids) > dedupIndexMin {
 			t.Fatalf("%s: %d hot ids and no index", d.name, len(d.dedup.ids))
@@ -164,9 +164,9 @@ func checkStateInvariants(t *testing.T, s *Stage, checkpointed bool) {
 	memDedup := map[string]bool{}
 	for _, d := range e.devices {
 		for _, g := range d.dedup.groups {
-			k := fmt.Sprintf("%s|%d", d.name, g.end)
+			k := fmt.Sprintf("%s|%d", d.name, g.end())
 			memDedup[k] = true
-			ids, _ := d.dedup.hotIDs(g.end)
+			ids, _ := d.dedup.hotIDs(g.end())
 			got := slices.Clone(storedDedup[k])
 			want := slices.Clone(ids)
 			slices.Sort(got)
@@ -176,10 +176,10 @@ func checkStateInvariants(t *testing.T, s *Stage, checkpointed bool) {
 			}
 		}
 		for _, g := range d.dedup.cold {
-			k := fmt.Sprintf("%s|%d", d.name, g.end)
+			k := fmt.Sprintf("%s|%d", d.name, g.end())
 			memDedup[k] = true
-			if len(storedDedup[k]) != int(g.n) {
-				t.Fatalf("cold dedup group %s: stored %d ids, %d fingerprints", k, len(storedDedup[k]), g.n)
+			if len(storedDedup[k]) != g.count() {
+				t.Fatalf("cold dedup group %s: stored %d ids, %d fingerprints", k, len(storedDedup[k]), g.count())
 			}
 		}
 	}
