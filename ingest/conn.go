@@ -46,8 +46,11 @@ type bufferedConn struct {
 	// connack, when set, is told the session-present flag of an accepted
 	// CONNACK passing to paho (paho does not tell it on reconnects).
 	connack func(sessionPresent bool)
-	pass    []byte // what is left of a packet paho is reading
-	passBuf []byte
+	// oversized, when set, is told the packet id and payload size of a
+	// QoS2 PUBLISH whose payload it cut to a prefix (passLargeQoS2).
+	oversized func(id uint16, size int)
+	pass      []byte // what is left of a packet paho is reading
+	passBuf   []byte
 
 	// dropped is why drop closed the connection: what reads return, since
 	// paho takes a "closed connection" read error for a disconnect of its
@@ -116,6 +119,9 @@ func (c *bufferedConn) nextPacket() error {
 	if h>>4 == 3 && qos == 3 {
 		return fmt.Errorf("%w: PUBLISH with QoS 3", errMalformed)
 	}
+	if h>>4 == 3 && qos == 2 && c.maxPayload > 0 && n-4 > c.maxPayload {
+		return c.passLargeQoS2(h, n)
+	}
 	if h>>4 != 3 || qos == 2 {
 		// MQTT's remaining length is a uvarint (of at most 4 bytes here).
 		c.passBuf = binary.AppendUvarint(append(c.passBuf[:0], h), uint64(n))
@@ -169,6 +175,45 @@ func (c *bufferedConn) readLargePublish(h byte, n int) error {
 		return err
 	}
 	return c.dispatch(h, body, n-head)
+}
+
+// passLargeQoS2 passes paho a QoS2 PUBLISH of n bytes whose payload may be
+// over maxPayload. paho keeps QoS2's exchange (PUBREC, PUBREL, PUBCOMP),
+// so the packet still goes to it, but an oversized payload is cut to its
+// prefix as it streams in, like readLargePublish's, and its size on the
+// wire goes to c.oversized under the packet id, for the handler to
+// dead-letter the message as oversized rather than take the prefix for it.
+func (c *bufferedConn) passLargeQoS2(h byte, n int) error {
+	body, err := appendN(c.passBuf[:0], c.r, 2) // n is at least 5 here
+	if err != nil {
+		return err
+	}
+	head := 2 + (int(body[0])<<8 | int(body[1])) + 2 // topic length, topic, packet id
+	keep := n
+	if n-head > c.maxPayload {
+		keep = min(n, head+oversizedPrefix)
+	}
+	if body, err = appendN(body, c.r, keep-len(body)); err != nil {
+		return err
+	}
+	if keep < n {
+		if _, err := c.r.Discard(n - keep); err != nil {
+			return err
+		}
+		if c.oversized != nil {
+			c.oversized(binary.BigEndian.Uint16(body[head-2:head]), n-head)
+		}
+	}
+	// The fixed header goes in front: the body was read into passBuf first
+	// so that no second buffer of its size is made.
+	var fixed [5]byte
+	fixed[0] = h
+	hl := 1 + binary.PutUvarint(fixed[1:], uint64(keep))
+	c.passBuf = append(body, fixed[:hl]...)
+	copy(c.passBuf[hl:], c.passBuf[:keep])
+	copy(c.passBuf, fixed[:hl])
+	c.pass = c.passBuf
+	return nil
 }
 
 // appendN appends the next n bytes of r to b. It grows b as the bytes
@@ -307,6 +352,7 @@ type connOptions struct {
 	publish    publishFunc
 	maxPayload int
 	connack    func(sessionPresent bool)
+	oversized  func(id uint16, size int)
 	opened     func(*bufferedConn)
 }
 
@@ -332,7 +378,8 @@ func bufferedDial(scheme string, co connOptions) (paho.OpenConnectionFunc, bool)
 		if err != nil {
 			return nil, err
 		}
-		bc := &bufferedConn{Conn: c, r: bufio.NewReaderSize(c, 32<<10), publish: co.publish, maxPayload: co.maxPayload, connack: co.connack}
+		bc := &bufferedConn{Conn: c, r: bufio.NewReaderSize(c, 32<<10), publish: co.publish, maxPayload: co.maxPayload,
+			connack: co.connack, oversized: co.oversized}
 		if co.opened != nil {
 			co.opened(bc)
 		}

@@ -38,6 +38,22 @@ func filteredStream(stream []byte, bufSize int, got *[]published) *bufferedConn 
 	}
 }
 
+// readAsPaho reads packets through c with paho's packet reader until the
+// stream ends, handing each to got.
+func readAsPaho(t *testing.T, c *bufferedConn, got func(packets.ControlPacket)) {
+	t.Helper()
+	for {
+		p, err := packets.ReadPacket(c)
+		if errors.Is(err, io.EOF) {
+			return
+		}
+		if err != nil {
+			t.Fatalf("paho reading through the connection: %v", err)
+		}
+		got(p)
+	}
+}
+
 func encodePacket(t *testing.T, w io.Writer, p packets.ControlPacket) {
 	t.Helper()
 	if err := p.Write(w); err != nil {
@@ -84,16 +100,7 @@ func TestConnTakesPublishesOutOfPahosStream(t *testing.T) {
 			var got []published
 			c := filteredStream(stream.Bytes(), size, &got)
 			var toPaho bytes.Buffer
-			for {
-				p, err := packets.ReadPacket(c)
-				if errors.Is(err, io.EOF) {
-					break
-				}
-				if err != nil {
-					t.Fatalf("paho reading through the connection: %v", err)
-				}
-				encodePacket(t, &toPaho, p)
-			}
+			readAsPaho(t, c, func(p packets.ControlPacket) { encodePacket(t, &toPaho, p) })
 			if !bytes.Equal(toPaho.Bytes(), passed.Bytes()) {
 				t.Errorf("paho read %x\nwant      %x", toPaho.Bytes(), passed.Bytes())
 			}
@@ -132,6 +139,55 @@ func TestConnKeepsOnlyAPrefixOfAnOversizedPayload(t *testing.T) {
 	}
 	if want := []int{8 << 20, 7, 40 << 10}; fmt.Sprint(sizes) != fmt.Sprint(want) {
 		t.Errorf("sizes %v, want %v", sizes, want)
+	}
+}
+
+// A QoS2 PUBLISH goes to paho, which keeps QoS2's exchange, but one over
+// maxPayload is cut to its prefix as it streams in (paho read it whole
+// before), with its size told under its packet id; one within the bound,
+// and every packet after, pass unchanged.
+func TestConnCutsAnOversizedQoS2Payload(t *testing.T) {
+	huge := bytes.Repeat([]byte("x"), 8<<20)
+	big := publishPacket("sensors/big/telemetry", 2, false, true, 9, huge)
+	atLimit := publishPacket("sensors/limit/telemetry", 2, false, false, 10, huge[:40<<10])
+	small := publishPacket("sensors/small/telemetry", 2, false, false, 11, []byte(`{"v":1}`))
+	var stream bytes.Buffer
+	for _, p := range []packets.ControlPacket{big, atLimit, small} {
+		encodePacket(t, &stream, p)
+	}
+	cut := map[uint16]int{}
+	c := &bufferedConn{
+		r:          bufio.NewReaderSize(bytes.NewReader(stream.Bytes()), 32<<10),
+		maxPayload: 40 << 10,
+		publish: func(*bufferedConn, []byte, byte, bool, bool, uint16, []byte, int) {
+			t.Error("a QoS2 PUBLISH was taken out of paho's stream")
+		},
+		oversized: func(id uint16, size int) { cut[id] = size },
+	}
+	var got []*packets.PublishPacket
+	largest := 0
+	readAsPaho(t, c, func(p packets.ControlPacket) {
+		got = append(got, p.(*packets.PublishPacket))
+		largest = max(largest, cap(c.passBuf))
+	})
+	if len(got) != 3 {
+		t.Fatalf("paho read %d packets, want 3", len(got))
+	}
+	if g := got[0]; g.TopicName != big.TopicName || g.MessageID != 9 || g.Qos != 2 || !g.Dup || !bytes.Equal(g.Payload, huge[:oversizedPrefix]) {
+		t.Errorf("the oversized packet reached paho as %s id %d qos %d dup %v with %d payload bytes, want its %d-byte prefix",
+			g.TopicName, g.MessageID, g.Qos, g.Dup, len(g.Payload), oversizedPrefix)
+	}
+	if g := got[1]; g.MessageID != 10 || len(g.Payload) != 40<<10 {
+		t.Errorf("the packet at the limit reached paho with id %d and %d payload bytes, want 10 and all %d", g.MessageID, len(g.Payload), 40<<10)
+	}
+	if g := got[2]; g.MessageID != 11 || string(g.Payload) != `{"v":1}` {
+		t.Errorf("the small packet reached paho as id %d %q", g.MessageID, g.Payload)
+	}
+	if want := map[uint16]int{9: 8 << 20}; fmt.Sprint(cut) != fmt.Sprint(want) {
+		t.Errorf("sizes told %v, want %v", cut, want)
+	}
+	if largest > 1<<20 {
+		t.Errorf("the connection held a %d-byte buffer: the oversized payload was read whole", largest)
 	}
 }
 

@@ -559,6 +559,39 @@ func TestConnectFailureIsLogged(t *testing.T) {
 	}
 }
 
+// A QoS2 message goes through paho (QoS2's exchange is paho's), yet one
+// over max_payload_bytes is still dead-lettered as oversized with its
+// size on the wire and a prefix, not read whole nor taken for a message.
+func TestOversizedQoS2MessageIsRejected(t *testing.T) {
+	url := mqtttest.StartMochi(t)
+	b := openBronze(t, buffer.Options{})
+	cfg := testConfig(t, url, "edgeagent-qos2", nil)
+	cfg.Subscriptions[0].QoS = 2
+	in := startIngester(t, b, cfg)
+	mqtttest.WaitFor(t, 10*time.Second, "connected", in.Connected)
+	pub := mqtttest.NewPublisher(t, url, "device-qos2")
+	pub.Publish(t, "sensors/d1/telemetry", 2, bytes.Repeat([]byte("y"), 4<<20))
+	pub.Publish(t, "sensors/d1/telemetry", 2, []byte(`{"id":"after"}`))
+	var recs []buffer.Record
+	mqtttest.WaitFor(t, 10*time.Second, "two records", func() bool {
+		recs = recs[:0]
+		b.Scan(1, func(r buffer.Record) bool {
+			r.Payload = bytes.Clone(r.Payload)
+			recs = append(recs, r)
+			return true
+		})
+		return len(recs) == 2
+	})
+	if r := recs[0]; r.Kind != buffer.KindRejected || r.QoS != 2 || !strings.HasPrefix(r.Reason, ReasonOversized+": ") ||
+		!strings.Contains(r.Reason, "4194304 bytes") || len(r.Payload) != 256 {
+		t.Fatalf("the oversized QoS2 message is %v QoS %d %q with %d payload bytes, want rejected as oversized (4194304 bytes) with a 256-byte prefix",
+			r.Kind, r.QoS, r.Reason, len(r.Payload))
+	}
+	if r := recs[1]; r.Kind != buffer.KindMessage || r.QoS != 2 || string(r.Payload) != `{"id":"after"}` {
+		t.Fatalf("the message after it is %v QoS %d %q", r.Kind, r.QoS, r.Payload)
+	}
+}
+
 // The first connect to a broker that is down backs off as reconnects do
 // (paho's own first-connect retry is a fixed interval): from 1 s,
 // doubling, capped at ReconnectMax, with jitter; and a stop ends the wait.

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -47,6 +48,10 @@ type pahoSource struct {
 	// while the committer drains).
 	retryCtx    context.Context
 	cancelRetry context.CancelFunc
+	// oversizedQoS2 is the payload size of each QoS2 message the
+	// connection cut to a prefix, by packet id, until its handler runs.
+	oversizedMu   sync.Mutex
+	oversizedQoS2 map[uint16]int
 }
 
 func (p *pahoSource) start(ctx context.Context) error {
@@ -84,6 +89,14 @@ func (p *pahoSource) start(ctx context.Context) error {
 		if dial, ok := bufferedDial(u.Scheme, connOptions{
 			publish: publish, maxPayload: cfg.MaxPayloadBytes,
 			connack: func(present bool) { p.sessionPresent.Store(present); p.sessionKnown.Store(true) },
+			oversized: func(id uint16, size int) {
+				p.oversizedMu.Lock()
+				if p.oversizedQoS2 == nil {
+					p.oversizedQoS2 = map[uint16]int{}
+				}
+				p.oversizedQoS2[id] = size
+				p.oversizedMu.Unlock()
+			},
 			opened: func(c *bufferedConn) {
 				p.sessionKnown.Store(false)
 				p.conn.Store(c)
@@ -264,7 +277,16 @@ func (p *pahoSource) onPublish(c *bufferedConn, topic []byte, qos byte, retained
 // onMessage hands a message paho received to the committer: QoS2 messages,
 // and everything from a WebSocket broker.
 func (p *pahoSource) onMessage(_ paho.Client, m paho.Message) {
-	rec := p.in.classify(m.Topic(), m.Qos(), m.Retained(), m.Duplicate(), m.Payload(), len(m.Payload()))
+	size := len(m.Payload())
+	if m.Qos() == 2 {
+		p.oversizedMu.Lock()
+		if n, ok := p.oversizedQoS2[m.MessageID()]; ok {
+			size = n // the payload is its prefix: dead-lettered as oversized
+			delete(p.oversizedQoS2, m.MessageID())
+		}
+		p.oversizedMu.Unlock()
+	}
+	rec := p.in.classify(m.Topic(), m.Qos(), m.Retained(), m.Duplicate(), m.Payload(), size)
 	var ack acker // a nil interface for QoS0, not a nil paho.Message
 	if m.Qos() > 0 {
 		ack = m

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sort"
 	"strings"
 
 	bolt "go.etcd.io/bbolt"
@@ -635,7 +636,10 @@ func migrateBucket(tx *bolt.Tx, l rowLayout) error {
 	if err != nil {
 		return err
 	}
-	slices.SortFunc(rows, func(a, b row) int { return compareChanges(a.rowChange, b.rowChange) })
+	// sort.Slice, not slices.SortFunc: this runs once per old database,
+	// and a generic sort of another struct type is about 10 KB of the
+	// binary, whose arm64 build is at its budget.
+	sort.Slice(rows, func(i, j int) bool { return compareChanges(rows[i].rowChange, rows[j].rowChange) < 0 })
 	groups := tx.Bucket(l.groups)
 	var key, val []byte
 	for i := 0; i < len(rows); {
