@@ -169,8 +169,8 @@ func testConfigForBench(b *testing.B, url string) func(id string) Config {
 // BenchmarkIngestPaths drains the same backlog from mosquitto through each
 // of the agent's two receive paths, side by side: the connection taking
 // QoS1 PUBLISH packets out of paho's stream and writing their PUBACKs
-// itself (TCP and TLS brokers), and paho's own (WebSocket brokers; every
-// broker before session 7). It reports each path's rate, the process's CPU
+// itself (every broker since session 22), and paho's own (WebSocket
+// brokers until session 22; every broker before session 7). It reports each path's rate, the process's CPU
 // per message while draining (the publisher has finished by then, and
 // mosquitto is another process), and paho's CPU over the connection's.
 func BenchmarkIngestPaths(b *testing.B) {

@@ -356,12 +356,13 @@ type connOptions struct {
 	opened     func(*bufferedConn)
 }
 
-// bufferedDial opens plain TCP and TLS broker connections for paho through
-// a bufferedConn that hands PUBLISH packets to publish. WebSocket URLs are
-// left to paho (ok is false).
+// bufferedDial opens broker connections for paho — TCP, TLS and WebSocket
+// (dialled as paho would: its NewWebsocket, without the URL's user) —
+// through a bufferedConn that hands PUBLISH packets to publish. Other
+// schemes are left to paho (ok is false).
 func bufferedDial(scheme string, co connOptions) (paho.OpenConnectionFunc, bool) {
 	switch scheme {
-	case "tcp", "mqtt", "ssl", "tls", "mqtts", "tcps":
+	case "tcp", "mqtt", "ssl", "tls", "mqtts", "tcps", "ws", "wss":
 	default:
 		return nil, false
 	}
@@ -372,6 +373,16 @@ func bufferedDial(scheme string, co connOptions) (paho.OpenConnectionFunc, bool)
 		switch uri.Scheme {
 		case "tcp", "mqtt":
 			c, err = d.Dial("tcp", uri.Host)
+		case "ws", "wss":
+			// A WebSocket message is read as it streams in (gorilla's
+			// NextReader), so the bounds below hold over it too.
+			dialURI := *uri
+			dialURI.User = nil
+			var tlsc *tls.Config
+			if uri.Scheme == "wss" {
+				tlsc = o.TLSConfig
+			}
+			c, err = paho.NewWebsocket(dialURI.String(), tlsc, o.ConnectTimeout, o.HTTPHeaders, o.WebsocketOptions)
 		default:
 			c, err = tls.DialWithDialer(d, "tcp", uri.Host, o.TLSConfig)
 		}

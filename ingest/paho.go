@@ -32,8 +32,8 @@ type pahoSource struct {
 	in     *Ingester
 	client mqttClient
 	up     atomic.Bool
-	// conn is the broker connection in use (nil for WebSocket brokers,
-	// which paho dials itself); sessionPresent is its CONNACK's flag,
+	// conn is the broker connection in use (nil for a scheme paho dials
+	// itself, none today); sessionPresent is its CONNACK's flag,
 	// sessionKnown whether it was seen.
 	conn           atomic.Pointer[bufferedConn]
 	sessionPresent atomic.Bool
@@ -274,8 +274,8 @@ func (p *pahoSource) onPublish(c *bufferedConn, topic []byte, qos byte, retained
 	p.in.handlePending(m) // not taken at shutdown: unacknowledged, redelivered
 }
 
-// onMessage hands a message paho received to the committer: QoS2 messages,
-// and everything from a WebSocket broker.
+// onMessage hands a message paho received to the committer: QoS2 messages
+// (and every message in the side-by-side benchmark's viaPaho mode).
 func (p *pahoSource) onMessage(_ paho.Client, m paho.Message) {
 	size := len(m.Payload())
 	if m.Qos() == 2 {

@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -33,10 +34,10 @@ func loopbackTLS(t *testing.T) (server, client *tls.Config) {
 		&tls.Config{RootCAs: pool}
 }
 
-// Over TLS the agent's connection takes the PUBLISH packets out of paho's
-// stream, over WebSocket paho delivers them; either way every QoS1
-// message is stored and acknowledged, so the broker holds nothing for the
-// agent afterwards.
+// Over TLS and over WebSocket alike the agent's connection takes the
+// PUBLISH packets out of paho's stream: every QoS1 message is stored and
+// acknowledged, so the broker holds nothing for the agent afterwards, and
+// of an oversized payload only the prefix is read in.
 func TestIngestOverTLSAndWebSocket(t *testing.T) {
 	serverTLS, clientTLS := loopbackTLS(t)
 	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -44,11 +45,12 @@ func TestIngestOverTLSAndWebSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := func() string { return fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t)) }
-	plain, secure, ws := addr(), addr(), addr()
+	plain, secure, ws, wss := addr(), addr(), addr(), addr()
 	for _, l := range []listeners.Listener{
 		listeners.NewTCP(listeners.Config{ID: "tcp", Address: plain}),
 		listeners.NewTCP(listeners.Config{ID: "tls", Address: secure, TLSConfig: serverTLS}),
 		listeners.NewWebsocket(listeners.Config{ID: "ws", Address: ws}),
+		listeners.NewWebsocket(listeners.Config{ID: "wss", Address: wss, TLSConfig: serverTLS}),
 	} {
 		if err := srv.AddListener(l); err != nil {
 			t.Fatal(err)
@@ -63,21 +65,29 @@ func TestIngestOverTLSAndWebSocket(t *testing.T) {
 	for _, c := range []struct{ name, url string }{
 		{"tls", "ssl://" + secure},
 		{"websocket", "ws://" + ws},
+		{"websocket-tls", "wss://" + wss},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			b := openBronze(t, buffer.Options{})
 			cfg := testConfig(t, c.url, "edgeagent-"+c.name, nil)
-			if c.name == "tls" {
+			if c.name != "websocket" {
 				cfg.TLS = clientTLS
 			}
 			in := startIngester(t, b, cfg)
 			mqtttest.WaitFor(t, 10*time.Second, "connected", in.Connected)
+			if in.src.(*pahoSource).conn.Load() == nil {
+				t.Fatal("the connection is paho's own, not the agent's bufferedConn")
+			}
 			want := payloads(c.name, 300)
 			pub.PublishAll(t, "sensors/"+c.name+"/telemetry", 1, want)
 			waitForMessages(t, b, want)
 			mqtttest.WaitFor(t, 10*time.Second, "every message acknowledged at the broker", func() bool {
 				cl, ok := srv.Clients.Get(cfg.ClientID)
 				return ok && cl.State.Inflight.Len() == 0 && in.Stats().Acked.Load() >= uint64(len(want))
+			})
+			pub.Publish(t, "sensors/"+c.name+"/telemetry", 1, bytes.Repeat([]byte("z"), 2<<20))
+			mqtttest.WaitFor(t, 10*time.Second, "the oversized message dead-lettered", func() bool {
+				return in.Stats().Rejected()[ReasonOversized] == 1
 			})
 		})
 	}
