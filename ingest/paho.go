@@ -88,15 +88,8 @@ func (p *pahoSource) start(ctx context.Context) error {
 		}
 		if dial, ok := bufferedDial(u.Scheme, connOptions{
 			publish: publish, maxPayload: cfg.MaxPayloadBytes,
-			connack: func(present bool) { p.sessionPresent.Store(present); p.sessionKnown.Store(true) },
-			oversized: func(id uint16, size int) {
-				p.oversizedMu.Lock()
-				if p.oversizedQoS2 == nil {
-					p.oversizedQoS2 = map[uint16]int{}
-				}
-				p.oversizedQoS2[id] = size
-				p.oversizedMu.Unlock()
-			},
+			connack:   func(present bool) { p.sessionPresent.Store(present); p.sessionKnown.Store(true) },
+			oversized: p.noteOversized,
 			opened: func(c *bufferedConn) {
 				p.sessionKnown.Store(false)
 				p.conn.Store(c)
@@ -278,13 +271,8 @@ func (p *pahoSource) onPublish(c *bufferedConn, topic []byte, qos byte, retained
 // (and every message in the side-by-side benchmark's viaPaho mode).
 func (p *pahoSource) onMessage(_ paho.Client, m paho.Message) {
 	size := len(m.Payload())
-	if m.Qos() == 2 {
-		p.oversizedMu.Lock()
-		if n, ok := p.oversizedQoS2[m.MessageID()]; ok {
-			size = n // the payload is its prefix: dead-lettered as oversized
-			delete(p.oversizedQoS2, m.MessageID())
-		}
-		p.oversizedMu.Unlock()
+	if n, ok := p.takeOversized(m); ok {
+		size = n // the payload is its prefix: dead-lettered as oversized
 	}
 	rec := p.in.classify(m.Topic(), m.Qos(), m.Retained(), m.Duplicate(), m.Payload(), size)
 	var ack acker // a nil interface for QoS0, not a nil paho.Message
@@ -292,6 +280,29 @@ func (p *pahoSource) onMessage(_ paho.Client, m paho.Message) {
 		ack = m
 	}
 	p.in.handle(rec, ack) // not taken at shutdown: unacknowledged, redelivered
+}
+
+// noteOversized records the size of a QoS2 payload the connection cut to
+// its prefix, until takeOversized finds it for the message.
+func (p *pahoSource) noteOversized(id uint16, size int) {
+	p.oversizedMu.Lock()
+	defer p.oversizedMu.Unlock()
+	if p.oversizedQoS2 == nil {
+		p.oversizedQoS2 = map[uint16]int{}
+	}
+	p.oversizedQoS2[id] = size
+}
+
+// takeOversized returns the size noteOversized recorded for m, if any.
+func (p *pahoSource) takeOversized(m paho.Message) (int, bool) {
+	if m.Qos() != 2 {
+		return 0, false
+	}
+	p.oversizedMu.Lock()
+	defer p.oversizedMu.Unlock()
+	n, ok := p.oversizedQoS2[m.MessageID()]
+	delete(p.oversizedQoS2, m.MessageID())
+	return n, ok
 }
 
 func (p *pahoSource) stop() {

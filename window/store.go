@@ -585,15 +585,12 @@ func encodeAggregate(a *wire.Aggregate) ([]byte, error) {
 func writeRows(tx *bolt.Tx, e *engine, ar *boltkv.Arena) error {
 	lb := tx.Bucket(bucketLate)
 	if e.clearRows {
-		n, err := deleteRowsAfter(lb, e.clearRowsAfter)
-		if err != nil {
+		if err := deleteRowsAfter(lb, e.clearRowsAfter, &e.c.LateRows); err != nil {
 			return fmt.Errorf("delete the late rows the catch-up writes again: %w", err)
 		}
-		e.c.LateRows -= min(n, e.c.LateRows)
-		if n, err = deleteRowsAfter(tx.Bucket(bucketDead), e.clearRowsAfter); err != nil {
+		if err := deleteRowsAfter(tx.Bucket(bucketDead), e.clearRowsAfter, &e.c.DeadRows); err != nil {
 			return fmt.Errorf("delete the dead-letter rows the catch-up writes again: %w", err)
 		}
-		e.c.DeadRows -= min(n, e.c.DeadRows)
 		e.clearRows = false // a failed commit reloads the state, which sets it again
 	}
 	for i := range e.lates {
@@ -643,9 +640,10 @@ func putRow(b *bolt.Bucket, v []byte) error {
 }
 
 // deleteRowsAfter deletes the late or dead-letter rows of Bronze records
-// after seq. Rows are appended in Bronze order (a catch-up's after the
-// deletion that precedes it), so they are the bucket's last.
-func deleteRowsAfter(b *bolt.Bucket, seq uint64) (uint64, error) {
+// after seq and takes them off *rows, as evict does. Rows are appended in
+// Bronze order (a catch-up's after the deletion that precedes it), so they
+// are the bucket's last.
+func deleteRowsAfter(b *bolt.Bucket, seq uint64, rows *uint64) error {
 	var keys [][]byte
 	c := b.Cursor()
 	for k, v := c.Last(); k != nil; k, v = c.Prev() {
@@ -657,10 +655,11 @@ func deleteRowsAfter(b *bolt.Bucket, seq uint64) (uint64, error) {
 	}
 	for _, k := range keys {
 		if err := b.Delete(k); err != nil {
-			return 0, err
+			return err
 		}
+		*rows -= min(1, *rows)
 	}
-	return uint64(len(keys)), nil
+	return nil
 }
 
 func evict(b *bolt.Bucket, rows *uint64, limit uint64) (uint64, error) {
