@@ -44,7 +44,7 @@ processing: {heap_pacing: %v}
 `, statusAddr, on))
 			// A low GOGC makes the scrapes' own garbage trigger collections.
 			p := startAgentEnv(t, []string{"GOMEMLIMIT=1GiB", "GOGC=10"}, "run", "-c", cfg)
-			p.waitLog(t, "edgeagent starting")
+			p.waitLog(t, "status endpoint listening")
 			scrape := func() string { return httpGet(t, "http://"+statusAddr+"/metrics", 200) }
 			m := scrape()
 			startGC := metricValue(t, m, "go_gc_duration_seconds_count")
