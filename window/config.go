@@ -355,12 +355,17 @@ type fingerprintItem struct{ Key, Value string }
 //   - window.size and window.slide: window bounds change;
 //   - readings.event_id: dedup entries are hashes of the old ids;
 //   - readings.event_time and readings.time_format: windows were assigned by
-//     the old interpretation of time.
+//     the old interpretation of time;
+//   - window.aggregates: the aggregates are the shape of what the receiver
+//     stores; a revision of a window emitted under other ones would replace
+//     its figures with a different set. The state keeps every aggregate, so
+//     this is a choice for the receiver's sake, not the state's: reset-state
+//     and a replay move every window to the new set together.
 //
-// Aggregates, metrics, lateness, watermark delay, idle timeout, caps and the
-// trigger interval are not in it: the state keeps every aggregate, and the
-// lateness horizon is stored per device, so those changes apply from the
-// next record without corrupting emitted windows.
+// Metrics, lateness, watermark delay, idle timeout, caps and the trigger
+// interval are not in it: the lateness horizon is stored per device, so
+// those changes apply from the next record without corrupting emitted
+// windows.
 func (c Config) fingerprint() []fingerprintItem {
 	c = c.withDefaults()
 	eid := c.EventID
@@ -379,8 +384,26 @@ func (c Config) fingerprint() []fingerprintItem {
 		{"readings.event_id", eid},
 		{"readings.event_time", et},
 		{"readings.time_format", c.TimeFormat},
+		{"window.aggregates", c.aggregateSet()},
 	}
 }
+
+// aggregateSet is window.aggregates in wire order, so that listing the
+// same aggregates in another order is no change.
+func (c Config) aggregateSet() string {
+	var set []string
+	for _, a := range AllAggregates {
+		if slices.Contains(c.Aggregates, a) {
+			set = append(set, a)
+		}
+	}
+	return strings.Join(set, ",")
+}
+
+// laterKeys are fingerprint settings added after states were first saved:
+// a stored fingerprint without one was written before it counted, and
+// takes the current value (checkFingerprint stores it).
+var laterKeys = []string{"window.aggregates"}
 
 // behaviour encodes every setting, besides the fingerprint's, that decides
 // what the engine emits and when: they may change at a restart, and the
@@ -439,7 +462,11 @@ func compareFingerprint(stored, current []fingerprintItem, configPath string) er
 	}
 	var changes []string
 	for _, it := range current {
-		if v, ok := old[it.Key]; !ok || v != it.Value {
+		v, ok := old[it.Key]
+		if !ok && slices.Contains(laterKeys, it.Key) {
+			continue
+		}
+		if !ok || v != it.Value {
 			changes = append(changes, fmt.Sprintf("%s changed from %s to %s", it.Key, orNone(v, ok), it.Value))
 		}
 	}

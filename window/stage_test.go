@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -182,9 +183,10 @@ func TestFingerprint(t *testing.T) {
 	if _, err := New(db, br, cfg); err != nil {
 		t.Fatal(err)
 	}
-	// compatible changes are accepted
+	// compatible changes are accepted, the aggregates in another order too
 	ok := cfg
-	ok.Aggregates = []string{"count", "max"}
+	ok.Aggregates = slices.Clone(AllAggregates)
+	slices.Reverse(ok.Aggregates)
 	ok.AllowedLateness = time.Minute
 	ok.WatermarkDelay = 0
 	ok.IdleTimeout = 5 * time.Minute
@@ -195,13 +197,15 @@ func TestFingerprint(t *testing.T) {
 	bad := cfg
 	bad.Size = 5 * time.Minute
 	bad.EventID = "msg_id"
+	bad.Aggregates = []string{"max", "count"}
 	bad.ConfigPath = "/etc/edgeagent/edgeagent.yaml"
 	_, err := New(db, br, bad)
 	if !errors.Is(err, ErrIncompatibleState) {
 		t.Fatalf("New with a new window size = %v, want ErrIncompatibleState", err)
 	}
 	for _, want := range []string{"window.size changed from 1m0s to 5m0s", "window.slide changed from 1m0s to 5m0s",
-		"readings.event_id changed from id to msg_id", "edgeagent reset-state -c /etc/edgeagent/edgeagent.yaml"} {
+		"readings.event_id changed from id to msg_id", "window.aggregates changed from count,sum,min,max,mean,first,last to count,max",
+		"edgeagent reset-state -c /etc/edgeagent/edgeagent.yaml"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
 		}
@@ -211,6 +215,31 @@ func TestFingerprint(t *testing.T) {
 	}
 	if _, err := New(db, br, bad); err != nil {
 		t.Fatalf("after reset-state: %v", err)
+	}
+}
+
+// A state saved before window.aggregates was in the fingerprint opens
+// with any aggregates, which are then stored: changing them later is
+// refused like any other fingerprint change.
+func TestFingerprintWithoutAggregatesAdoptsThem(t *testing.T) {
+	db, br := openDB(t, "", true), openBronze(t, "")
+	cfg := testConfig(t)
+	if _, err := New(db, br, cfg); err != nil {
+		t.Fatal(err)
+	}
+	older := slices.DeleteFunc(cfg.fingerprint(), func(it fingerprintItem) bool { return it.Key == "window.aggregates" })
+	if err := db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketMeta).Put(keyFingerprint, encodeFingerprint(older))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	fewer := cfg
+	fewer.Aggregates = []string{"count", "mean"}
+	if _, err := New(db, br, fewer); err != nil {
+		t.Fatalf("a state saved before aggregates counted refused them: %v", err)
+	}
+	if _, err := New(db, br, cfg); !errors.Is(err, ErrIncompatibleState) || !strings.Contains(err.Error(), "window.aggregates changed from count,mean to") {
+		t.Fatalf("New with other aggregates after they were adopted = %v, want ErrIncompatibleState naming window.aggregates", err)
 	}
 }
 

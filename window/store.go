@@ -294,12 +294,28 @@ func compareStored(m *bolt.Bucket, cfg *Config) (stored bool, err error) {
 	return true, compareFingerprint(old, cfg.fingerprint(), cfg.ConfigPath)
 }
 
+// lacksLaterKey reports whether the fingerprint stored in m was written
+// before one of laterKeys counted.
+func lacksLaterKey(m *bolt.Bucket) bool {
+	items, err := decodeFingerprint(m.Get(keyFingerprint))
+	if err != nil {
+		return false
+	}
+	for _, k := range laterKeys {
+		if !slices.ContainsFunc(items, func(it fingerprintItem) bool { return it.Key == k }) {
+			return true
+		}
+	}
+	return false
+}
+
 // checkFingerprint stores the fingerprint on first use and refuses a
-// changed one.
+// changed one. A fingerprint saved before one of laterKeys counted is
+// stored again with it.
 func checkFingerprint(tx *bolt.Tx, cfg *Config) error {
 	m := tx.Bucket(bucketMeta)
 	stored, err := compareStored(m, cfg)
-	if stored {
+	if stored && (err != nil || !lacksLaterKey(m)) {
 		return err
 	}
 	if err := m.Put(keyFingerprint, encodeFingerprint(cfg.fingerprint())); err != nil {

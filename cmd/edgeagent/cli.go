@@ -310,9 +310,10 @@ it; if not, it logs why and runs on (from a terminal, SIGHUP stops it).
 With --once it processes everything already in Bronze, emits what is due,
 tries to deliver the outbox to the uplink for up to uplink.ack_timeout (at
 least 5s), and exits (the availableNow mode of batch jobs): 0 when every
-aggregate and alert was acknowledged, 1 when some are left in the outbox for
-the next run. Local messages (local_publish) wait for the next run of the
-agent.
+aggregate and alert was acknowledged, 1 when the uplink left some in the
+outbox for the next run. With no uplink configured it exits 0 and the
+outbox keeps them until one is. Local messages (local_publish) wait for the
+next run of the agent.
 
 Examples:
   edgeagent run -c /etc/edgeagent/config.yaml

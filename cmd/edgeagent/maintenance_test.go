@@ -295,3 +295,49 @@ func TestDamagedDataFiles(t *testing.T) {
 	p.waitLog(t, "embedded broker listening")
 	p.stop(t)
 }
+
+// run --once without an uplink processes Bronze and exits 0, the
+// aggregates kept in the outbox; changing window.aggregates afterwards is
+// refused like a window size, with exit 3, the change and reset-state, and
+// after reset-state the same config runs.
+func TestRunOnceWithoutUplinkThenAggregatesChange(t *testing.T) {
+	dir := t.TempDir()
+	mqttAddr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+	config := func(aggregates string) string {
+		return writeConfig(t, dir, embeddedAgentConfig("once-gw", dir, mqttAddr)+fmt.Sprintf(`
+readings: {metrics: [temperature]}
+window: {size: 1m, aggregates: [%s], watermark_delay: 0s, allowed_lateness: 0s, idle_timeout: 1h}
+`, aggregates))
+	}
+	cfgPath := config("count, mean")
+	p := startAgent(t, "run", "-c", cfgPath)
+	p.waitLog(t, "embedded broker listening")
+	pub := mqtttest.NewPublisher(t, "tcp://"+mqttAddr, "d1")
+	base := time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC).UnixMilli()
+	for i := range 4 {
+		pub.Publish(t, "sensors/d1/telemetry", 1, fmt.Appendf(nil, `{"id":"%d","ts":%d,"temperature":%d}`, i, base+int64(i)*30_000, 20+i))
+	}
+	p.stop(t)
+
+	out, err := exec.Command(agentBin, "run", "-c", cfgPath, "--once").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "no uplink configured") {
+		t.Fatalf("run --once without an uplink: %v, want exit 0 and the outbox kept\n%s", err, out)
+	}
+	out, err = exec.Command(agentBin, "inspect", "outbox", "-c", cfgPath).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "d1") {
+		t.Fatalf("inspect outbox after run --once: %v, want d1's aggregates\n%s", err, out)
+	}
+
+	changed := config("count, max")
+	out, err = exec.Command(agentBin, "run", "-c", changed, "--once").CombinedOutput()
+	if exitCode(err) != exitConfig || !strings.Contains(string(out), "window.aggregates changed from count,mean to count,max") ||
+		!strings.Contains(string(out), "edgeagent reset-state -c "+changed) {
+		t.Fatalf("run --once with other aggregates: %v, want exit %d naming the change and reset-state\n%s", err, exitConfig, out)
+	}
+	if out, err := exec.Command(agentBin, "reset-state", "-c", changed).CombinedOutput(); err != nil {
+		t.Fatalf("reset-state: %v\n%s", err, out)
+	}
+	if out, err := exec.Command(agentBin, "run", "-c", changed, "--once").CombinedOutput(); err != nil {
+		t.Fatalf("run --once after reset-state: %v\n%s", err, out)
+	}
+}

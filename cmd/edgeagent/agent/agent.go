@@ -434,9 +434,10 @@ var ErrUndelivered = errors.New("outbox not delivered")
 
 // RunOnce processes everything already in Bronze, flushes, tries to deliver
 // the outbox to the uplink for up to the ack timeout (at least 5 s), and
-// returns (`run --once`). Aggregates or alerts left undelivered are an
-// ErrUndelivered, so a job runner sees that they have not reached the cloud
-// yet. Local messages are not published: they are for live subscribers on
+// returns (`run --once`). Aggregates or alerts a configured uplink left
+// undelivered are an ErrUndelivered, so a job runner sees that they have
+// not reached the cloud yet; with no uplink configured they stay in the
+// outbox and the run succeeds. Local messages are not published: they are for live subscribers on
 // the gateway's broker (which, when it is the built-in one, does not run
 // here), and wait for the next run of the agent.
 func (a *Agent) RunOnce(ctx context.Context) error {
@@ -453,12 +454,14 @@ func (a *Agent) RunOnce(ctx context.Context) error {
 		return fmt.Errorf("read outbox: %w", err)
 	}
 	if a.Uplink == nil {
+		// No uplink is a choice, not a failure: everything was processed,
+		// and the outbox keeps the aggregates until one is configured.
 		n, _, err := a.outboxLeft(local)
-		switch {
-		case err != nil:
+		if err != nil {
 			return err
-		case n > 0:
-			return fmt.Errorf("%w: %d aggregates and alerts wait for an uplink (none is configured)", ErrUndelivered, n)
+		}
+		if n > 0 {
+			a.log.Info("run --once: no uplink configured; aggregates and alerts stay in the outbox until one is", "waiting", n)
 		}
 		return nil
 	}
