@@ -436,25 +436,6 @@ alerts:
 	}
 }
 
-func TestRedactURL(t *testing.T) {
-	for _, tc := range []struct {
-		in    string
-		token bool
-		want  string
-	}{
-		{"tcp://127.0.0.1:1883", false, "tcp://127.0.0.1:1883"},
-		{"tcp://user@h:1", false, "tcp://user@h:1"},
-		{"tcp://user@h:1", true, "tcp://***@h:1"},
-		{"ssl://us%20er:p%40ss@h:1/path?q=1", false, "ssl://us%20er:***@h:1/path?q=1"},
-		{"nats://a:b@h1,nats://c:d@h2", true, "nats://a:***@h1,nats://c:***@h2"},
-		{"::bad::pw@host", false, "***@host"},
-	} {
-		if got := redactURL(tc.in, tc.token); got != tc.want {
-			t.Errorf("redactURL(%q, %v) = %q, want %q", tc.in, tc.token, got, tc.want)
-		}
-	}
-}
-
 // A secret may hold any character: the reference is expanded inside the
 // parsed value, so the value cannot change the document.
 func TestEnvSecretWithSpecialCharacters(t *testing.T) {

@@ -3,7 +3,6 @@ package config
 import (
 	"bytes"
 	"fmt"
-	"net/url"
 	"reflect"
 	"regexp"
 	"strconv"
@@ -11,11 +10,12 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/edgeagent/edgeagent/internal/secret"
 	"github.com/goccy/go-yaml/token"
 )
 
 // mask replaces secrets in Redacted output.
-const mask = "***"
+const mask = secret.Mask
 
 // Redacted returns a deep copy of c with every non-empty secret (passwords,
 // tokens) replaced by "***" and passwords in URL user info masked, for
@@ -74,7 +74,7 @@ func redact(v reflect.Value) {
 					fv.SetString(mask)
 				}
 			case f.Tag.Get("redact") != "":
-				fv.SetString(redactURL(fv.String(), f.Tag.Get("redact") == "nats-url"))
+				fv.SetString(secret.URL(fv.String(), f.Tag.Get("redact") == "nats-url"))
 			default:
 				redact(fv)
 			}
@@ -84,40 +84,6 @@ func redact(v reflect.Value) {
 			redact(v.Index(i))
 		}
 	}
-}
-
-// redactURL masks the password in each URL of a comma-separated list.
-// With userIsToken (NATS URLs) a user name without a password is a token,
-// and is masked too.
-func redactURL(s string, userIsToken bool) string {
-	if !strings.Contains(s, "@") {
-		return s
-	}
-	parts := strings.Split(s, ",")
-	for i, p := range parts {
-		u, err := url.Parse(strings.TrimSpace(p))
-		if err != nil || u.User == nil {
-			if err != nil {
-				// Unparseable: mask everything up to the last '@' rather
-				// than risk printing a password.
-				if j := strings.LastIndex(p, "@"); j >= 0 {
-					parts[i] = mask + p[j:]
-				}
-			}
-			continue
-		}
-		userinfo := u.User.String()
-		if _, hasPw := u.User.Password(); hasPw {
-			userinfo = url.User(u.User.Username()).String() + ":" + mask
-		} else if userIsToken {
-			userinfo = mask
-		}
-		// Built by hand: url.URL.String would escape the mask to %2A%2A%2A.
-		u.User = nil
-		rest := strings.TrimPrefix(strings.TrimPrefix(u.String(), u.Scheme+":"), "//")
-		parts[i] = u.Scheme + "://" + userinfo + "@" + rest
-	}
-	return strings.Join(parts, ",")
 }
 
 // YAML returns c as a YAML document with every key, in schema order: the

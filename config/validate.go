@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/edgeagent/edgeagent/internal/secret"
 	"github.com/edgeagent/edgeagent/internal/topic"
 )
 
@@ -229,7 +230,7 @@ func (v *validator) checkQoS(key string, qos, least int) {
 // brokerURL checks a broker URL and returns it parsed, or nil after
 // reporting the problem. Messages show the URL with its password masked.
 func (v *validator) brokerURL(key, s string, schemes []string, needPort bool) *url.URL {
-	shown := redactURL(s, schemes[0] == "nats") // a NATS user without password is a token
+	shown := secret.URL(s, schemes[0] == "nats") // a NATS user without password is a token
 	example := schemes[0] + "://127.0.0.1:1883"
 	if schemes[0] == "nats" {
 		example = "nats://127.0.0.1:4222"

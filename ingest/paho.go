@@ -14,6 +14,7 @@ import (
 	paho "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/edgeagent/edgeagent/internal/backoff"
+	"github.com/edgeagent/edgeagent/internal/secret"
 )
 
 // mqttClient is the part of paho ingest uses: a seam for tests and a
@@ -57,6 +58,7 @@ type pahoSource struct {
 func (p *pahoSource) start(ctx context.Context) error {
 	cfg := p.in.cfg
 	log := p.in.com.log
+	shown := secret.URL(cfg.Broker, false) // for logs
 	p.readSession()
 	p.retryCtx, p.cancelRetry = context.WithCancel(context.Background())
 	opts := paho.NewClientOptions().
@@ -147,17 +149,17 @@ func (p *pahoSource) start(ctx context.Context) error {
 			return
 		}
 		p.in.stats.Connected.Store(true)
-		log.Info("connected to broker", "broker", cfg.Broker, "client_id", cfg.ClientID, "subscriptions", filters(cfg.Subscriptions))
+		log.Info("connected to broker", "broker", shown, "client_id", cfg.ClientID, "subscriptions", filters(cfg.Subscriptions))
 	})
 	opts.SetConnectionLostHandler(func(_ paho.Client, err error) {
 		p.up.Store(false)
 		p.in.stats.Connected.Store(false)
 		p.in.stats.Reconnects.Add(1)
 		p.in.stats.setErr(fmt.Errorf("broker connection lost: %w", err))
-		log.Warn("broker connection lost; reconnecting with backoff", "broker", cfg.Broker, "err", err)
+		log.Warn("broker connection lost; reconnecting with backoff", "broker", shown, "err", err)
 	})
 	opts.SetReconnectingHandler(func(_ paho.Client, _ *paho.ClientOptions) {
-		log.Debug("reconnecting to broker", "broker", cfg.Broker)
+		log.Debug("reconnecting to broker", "broker", shown)
 	})
 	// paho retries a failed connect (refused login, TLS, unreachable) by
 	// itself and logs why only at debug: say it, once a minute at most
@@ -169,7 +171,7 @@ func (p *pahoSource) start(ctx context.Context) error {
 		switch n := n.(type) {
 		case paho.ConnectionNotificationFailed:
 			if n.Reason != nil {
-				log.Warn("broker connect failed; retrying", "broker", cfg.Broker, "err", n.Reason)
+				log.Warn("broker connect failed; retrying", "broker", shown, "err", n.Reason)
 			}
 		case paho.ConnectionNotificationConnecting:
 			// paho's reconnects back off by themselves (up to
@@ -193,12 +195,12 @@ func (p *pahoSource) start(ctx context.Context) error {
 		select {
 		case <-tok.Done():
 			if err := tok.Error(); err != nil {
-				log.Error("broker connect failed", "broker", cfg.Broker, "err", err)
+				log.Error("broker connect failed", "broker", shown, "err", err)
 			}
 		case <-ctx.Done():
 		}
 	}()
-	log.Info("connecting to broker", "broker", cfg.Broker)
+	log.Info("connecting to broker", "broker", shown)
 	return nil
 }
 
@@ -213,14 +215,14 @@ func (p *pahoSource) checkSession() {
 	}
 	// Logged before it is counted: whoever sees the count finds the line.
 	p.in.com.log.Warn("the broker had no session for the agent: messages it queued while the agent was away are lost (keep sessions across broker restarts: mosquitto's persistence true; check persistent_client_expiration)",
-		"broker", p.in.cfg.Broker, "client_id", p.in.cfg.ClientID)
+		"broker", secret.URL(p.in.cfg.Broker, false), "client_id", p.in.cfg.ClientID)
 	p.in.stats.SessionLostAt.Store(p.in.cfg.Clock().UnixNano())
 	p.in.stats.SessionsLost.Add(1)
 }
 
 // sessionID is what SessionFile holds: the session's broker and client id.
 func (p *pahoSource) sessionID() string {
-	return p.in.cfg.Broker + "\n" + p.in.cfg.ClientID + "\n"
+	return secret.URL(p.in.cfg.Broker, false) + "\n" + p.in.cfg.ClientID + "\n"
 }
 
 // readSession reads SessionFile once, at start.

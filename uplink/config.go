@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/edgeagent/edgeagent/internal/secret"
 	"github.com/edgeagent/edgeagent/uplink/wire"
 )
 
@@ -269,15 +270,15 @@ func (m *MQTTConfig) validate() error {
 	}
 	p, err := url.Parse(m.Broker)
 	if err != nil {
-		return configErr("uplink.mqtt.broker", "%q: %v", m.Broker, err)
+		return configErr("uplink.mqtt.broker", "%q: %v", secret.URL(m.Broker, false), err)
 	}
 	switch p.Scheme {
 	case "tcp", "mqtt", "ssl", "tls", "mqtts", "ws", "wss":
 	default:
-		return configErr("uplink.mqtt.broker", "%q: scheme %q, want tcp://, mqtt://, ssl://, tls://, mqtts://, ws:// or wss://", m.Broker, p.Scheme)
+		return configErr("uplink.mqtt.broker", "%q: scheme %q, want tcp://, mqtt://, ssl://, tls://, mqtts://, ws:// or wss://", secret.URL(m.Broker, false), p.Scheme)
 	}
 	if p.Host == "" {
-		return configErr("uplink.mqtt.broker", "%q: no host", m.Broker)
+		return configErr("uplink.mqtt.broker", "%q: no host", secret.URL(m.Broker, false))
 	}
 	if m.Topic == "" {
 		return configErr("uplink.mqtt.topic", "empty")

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	paho "github.com/eclipse/paho.mqtt.golang"
+
+	"github.com/edgeagent/edgeagent/internal/secret"
 )
 
 // mqttSink publishes batches with QoS 1 (or 2) and completes each
@@ -84,7 +86,7 @@ func (s *mqttSink) connect(ctx context.Context) error {
 		return ctx.Err()
 	}
 	if err := tok.Error(); err != nil {
-		return fmt.Errorf("connect to mqtt %s: %w", s.cfg.MQTT.Broker, err)
+		return fmt.Errorf("connect to mqtt %s: %w", secret.URL(s.cfg.MQTT.Broker, false), err)
 	}
 	return nil
 }

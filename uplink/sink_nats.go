@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/edgeagent/edgeagent/internal/secret"
 	"github.com/edgeagent/edgeagent/uplink/internal/jsapi"
 	"github.com/edgeagent/edgeagent/uplink/wire"
 )
@@ -110,7 +111,7 @@ func (s *natsSink) connect(ctx context.Context) error {
 	}
 	nc, err := nats.Connect(s.cfg.NATS.URL, opts...)
 	if err != nil {
-		return fmt.Errorf("connect to nats %s: %w", s.cfg.NATS.URL, err)
+		return fmt.Errorf("connect to nats %s: %w", secret.URL(s.cfg.NATS.URL, true), err)
 	}
 	s.nc = nc
 	pub, err := jsapi.NewPublisher(nc)

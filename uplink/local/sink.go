@@ -11,6 +11,8 @@ import (
 
 	paho "github.com/eclipse/paho.mqtt.golang"
 	"github.com/eclipse/paho.mqtt.golang/packets"
+
+	"github.com/edgeagent/edgeagent/internal/secret"
 )
 
 // Sink publishes one message and returns once it is delivered as far as its
@@ -114,10 +116,10 @@ func NewPahoSink(cfg PahoConfig) (*PahoSink, error) {
 		SetOrderMatters(false).
 		SetStore(outboxBackedStore{paho.NewMemoryStore()}).
 		SetConnectionLostHandler(func(_ paho.Client, err error) {
-			s.log.Warn("local: connection to the local broker lost", "broker", cfg.Broker, "err", err)
+			s.log.Warn("local: connection to the local broker lost", "broker", secret.URL(cfg.Broker, false), "err", err)
 		}).
 		SetOnConnectHandler(func(paho.Client) {
-			s.log.Info("local: connected to the local broker", "broker", cfg.Broker)
+			s.log.Info("local: connected to the local broker", "broker", secret.URL(cfg.Broker, false))
 		})
 	if cfg.Username != "" {
 		o.SetUsername(cfg.Username).SetPassword(cfg.Password)
@@ -142,7 +144,7 @@ func (s *PahoSink) Publish(topic string, payload []byte, retain bool, qos byte) 
 	default:
 	}
 	if !s.client.IsConnectionOpen() {
-		return fmt.Errorf("%w (%s)", ErrNotConnected, s.cfg.Broker)
+		return fmt.Errorf("%w (%s)", ErrNotConnected, secret.URL(s.cfg.Broker, false))
 	}
 	tok := s.client.Publish(topic, qos, retain, payload)
 	t := time.NewTimer(s.cfg.PublishTimeout)

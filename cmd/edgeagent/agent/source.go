@@ -7,6 +7,7 @@ import (
 
 	"github.com/edgeagent/edgeagent/buffer/outbox"
 	"github.com/edgeagent/edgeagent/cmd/edgeagent/status"
+	"github.com/edgeagent/edgeagent/internal/secret"
 	"github.com/edgeagent/edgeagent/window"
 )
 
@@ -27,7 +28,7 @@ func (s *statusSource) Inspect(table string, q status.Query) (any, error) {
 func (s *statusSource) Ready() (bool, string) {
 	a := s.a
 	if !a.Ingest.Connected() {
-		return false, "ingest is not connected to the MQTT broker " + a.cfg.MQTT.Broker
+		return false, "ingest is not connected to the MQTT broker " + secret.URL(a.cfg.MQTT.Broker, false)
 	}
 	st := a.Ingest.Stats()
 	if st.Full.Load() {
@@ -50,7 +51,7 @@ func (s *statusSource) Snapshot() status.Snapshot {
 	in := a.Ingest.Stats()
 	subscribeErr, _ := in.SubscribeError()
 	snap.Ingest = status.Ingest{
-		Broker:             a.cfg.MQTT.Broker,
+		Broker:             secret.URL(a.cfg.MQTT.Broker, false),
 		Connected:          a.Ingest.Connected(),
 		ReceivedTotal:      in.Received.Load(),
 		CommittedTotal:     in.Committed.Load(),

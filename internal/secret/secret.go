@@ -1,0 +1,46 @@
+// Package secret masks credentials for output: every place that shows or
+// logs a broker or server URL (the effective config, the status page and
+// JSON, /readyz, logs, errors that reach last_error) goes through URL, so
+// a password written in a URL never leaves the config file.
+package secret
+
+import (
+	"net/url"
+	"strings"
+)
+
+// Mask replaces a secret in output.
+const Mask = "***"
+
+// URL masks the password in each URL of a comma-separated list. With
+// userIsToken (NATS URLs) a user name without a password is a token, and
+// is masked too. A URL that does not parse is masked up to its last '@'
+// rather than risk printing a password.
+func URL(s string, userIsToken bool) string {
+	if !strings.Contains(s, "@") {
+		return s
+	}
+	parts := strings.Split(s, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil || u.User == nil {
+			if err != nil {
+				if j := strings.LastIndex(p, "@"); j >= 0 {
+					parts[i] = Mask + p[j:]
+				}
+			}
+			continue
+		}
+		userinfo := u.User.String()
+		if _, hasPw := u.User.Password(); hasPw {
+			userinfo = url.User(u.User.Username()).String() + ":" + Mask
+		} else if userIsToken {
+			userinfo = Mask
+		}
+		// Built by hand: url.URL.String would escape the mask to %2A%2A%2A.
+		u.User = nil
+		rest := strings.TrimPrefix(strings.TrimPrefix(u.String(), u.Scheme+":"), "//")
+		parts[i] = u.Scheme + "://" + userinfo + "@" + rest
+	}
+	return strings.Join(parts, ",")
+}
