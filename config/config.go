@@ -277,9 +277,13 @@ type LocalPublish struct {
 	// AggregatesTopic may contain {gateway_id}, {device} and {metric};
 	// "" (the default) turns local aggregate messages off.
 	AggregatesTopic string `yaml:"aggregates_topic"`
-	// StormThreshold: more transitions of one rule at one emission point (the same logged-clock instant) than this are folded
-	// into one summary message.
+	// StormThreshold: more transitions of one rule within StormWindow
+	// than this are folded into one summary message.
 	StormThreshold int `yaml:"storm_threshold"`
+	// StormWindow is how long after a rule's first transition, on the
+	// logged clock, later ones count to the same storm; 0 counts only
+	// transitions at the same instant.
+	StormWindow Duration `yaml:"storm_window"`
 }
 
 // Default returns a Config holding every default. It does not validate:
@@ -350,6 +354,7 @@ func Default() *Config {
 		LocalPublish: LocalPublish{
 			AlertsTopic:    "edgeagent/{gateway_id}/alerts/{device}",
 			StormThreshold: 20,
+			StormWindow:    Duration(time.Minute),
 		},
 	}
 }

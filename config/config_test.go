@@ -113,6 +113,7 @@ func TestDefaults(t *testing.T) {
 		"local_publish.alerts_topic":           "edgeagent/{gateway_id}/alerts/{device}",
 		"local_publish.aggregates_topic":       "",
 		"local_publish.storm_threshold":        "20",
+		"local_publish.storm_window":           "1m",
 	}
 	d := Default()
 	for key, w := range want {

@@ -816,6 +816,7 @@ func (v *validator) localPublish() {
 	c := v.c
 	lp := c.LocalPublish
 	v.atLeast("local_publish.storm_threshold", lp.StormThreshold, 1)
+	v.nonNegative("local_publish.storm_window", lp.StormWindow)
 	check := func(key, s string, allowed ...string) {
 		if s == "" {
 			return

@@ -50,7 +50,9 @@ type Engine struct {
 	byName    map[string]int
 	log       *slog.Logger
 	threshold uint32
-	expiry    int64 // ms
+	// stormWindow is local_publish.storm_window in ms.
+	stormWindow int64
+	expiry      int64 // ms
 	// alertTopic and aggTopic are the compiled local topics; aggTopic is
 	// nil when aggregates are not republished.
 	alertTopic, aggTopic outTopic
@@ -88,9 +90,9 @@ type Stats struct {
 	// Fired and Cleared count transitions sent since start; Suppressed the
 	// changes held back by min_interval.
 	Fired, Cleared, Suppressed uint64
-	// Summaries counts storms (a summary replaced the local messages of a
-	// rule at one emission point); LocalFolded the local alert messages
-	// that summaries replaced.
+	// Summaries counts the summary messages queued for storms (a summary
+	// replaced the local messages of a rule's storm, a later part its
+	// rest); LocalFolded the local alert messages that summaries replaced.
 	Summaries, LocalFolded uint64
 	// LocalMessages counts rows queued for the local broker (alerts,
 	// summaries, aggregates), less the ones a storm summary replaced.
@@ -126,7 +128,9 @@ func New(db *bolt.DB, cfg Config) (*Engine, error) {
 	e := &Engine{
 		cfg: cfg, rules: rules, log: cfg.Logger, byName: map[string]int{},
 		threshold: uint32(cfg.LocalPublish.StormThreshold),
-		expiry:    cfg.Expiry.Milliseconds(),
+		// 0: only transitions at the same instant form a storm.
+		stormWindow: time.Duration(cfg.LocalPublish.StormWindow).Milliseconds(),
+		expiry:      cfg.Expiry.Milliseconds(),
 	}
 	for i, r := range rules {
 		e.byName[r.name] = i
@@ -290,6 +294,9 @@ func (e *Engine) Emitted(tx *bolt.Tx, a *wire.Aggregate, emittedAtMs int64) erro
 		return err
 	}
 	if err := e.sweep(tx, emittedAtMs); err != nil {
+		return err
+	}
+	if err := e.releaseEnded(tx); err != nil {
 		return err
 	}
 	if e.aggTopic != nil {
@@ -639,16 +646,22 @@ func (e *Engine) localAlert(tx *bolt.Tx, k skey, r *rule, m *AlertMessage, at in
 		return nil
 	}
 	g := e.groups[k.rule]
-	if g == nil || g.at != at {
+	if g == nil || at-g.at >= max(e.stormWindow, 1) || at < g.at {
+		if err := e.releaseHeld(tx, k.rule, at); err != nil {
+			return err
+		}
 		g = &group{at: at}
 		e.groups[k.rule] = g
 	}
-	if g.count > e.threshold && !outbox.Has(tx, g.summarySeq) {
-		// The storm goes on in a later micro-batch and its summary was
-		// already published: a new part, counting from here, under its
-		// own key, so no key goes out twice with different contents.
+	if g.count > e.threshold && !g.held && !outbox.Has(tx, g.summarySeq) {
+		// The storm goes on and its summary was already published: a new
+		// part, counting from here, under its own key, so no key goes out
+		// twice with different contents. It is held until the storm's
+		// window ends (releaseHeld), so a storm that goes on for the whole
+		// window pages once more, not once a micro-batch.
 		g.part++
 		g.fired, g.cleared, g.devices, g.summarySeq = 0, 0, nil, 0
+		g.held = true
 	}
 	g.count++
 	if m.State == StateFired {
@@ -665,47 +678,87 @@ func (e *Engine) localAlert(tx *bolt.Tx, k skey, r *rule, m *AlertMessage, at in
 			return fmt.Errorf("append local alert %s: %w", m.Key, err)
 		}
 		g.seqs = append(g.seqs, seq)
+	} else if g.held {
+		e.txc.folded++ // into the held part, queued when the window ends
 	} else {
 		// A storm: the individual messages of this group give way to one
-		// summary, rewritten as the group grows.
+		// summary, rewritten as the group grows until it is published.
 		var drop []uint64
-		switch {
-		case g.count == e.threshold+1:
+		if g.count == e.threshold+1 {
 			// Rows of an earlier transaction may already be published:
 			// those went out and stay counted.
 			drop = slices.DeleteFunc(g.seqs, func(seq uint64) bool { return !outbox.Has(tx, seq) })
 			g.seqs = nil
 			e.txc.summaries++
 			e.txc.folded += uint64(len(drop))
-		case g.summarySeq == 0: // a new part
-			e.txc.summaries++
-		default: // still queued: a published summary started a new part above
-			drop = []uint64{g.summarySeq}
+		} else {
+			drop = []uint64{g.summarySeq} // still queued (checked above)
 		}
 		if err := outbox.Delete(tx, drop...); err != nil {
 			return fmt.Errorf("fold local alerts of %s: %w", r.name, err)
 		}
 		e.txc.local -= int64(len(drop))
 		e.txc.folded++ // this transition's own message
-		sm := SummaryMessage{
-			Type: TypeSummary, Gateway: e.cfg.Gateway, Rule: r.name, Metric: r.metric, Severity: r.severity,
-			EmittedAt: at, Transitions: g.fired + g.cleared, Fired: g.fired, Cleared: g.cleared,
-			Devices: g.devices, Key: fmt.Sprintf("%s/%s/%s/%d", e.cfg.Gateway, r.name, summaryDevice, at),
-		}
-		if g.part > 0 {
-			sm.Part = g.part + 1
-			sm.Key += fmt.Sprintf("/%d", sm.Part)
-		}
-		payload, err := marshal(&sm)
-		if err != nil {
+		if err := e.queueSummary(tx, r, g, at); err != nil {
 			return err
 		}
-		seq, err := e.appendLocal(tx, local.Message{Topic: r.summaryTopic, Payload: payload, QoS: localQoS}, at)
-		if err != nil {
-			return fmt.Errorf("append storm summary of %s: %w", r.name, err)
-		}
-		g.summarySeq = seq
 	}
+	return e.putGroup(tx, r, g)
+}
+
+// queueSummary queues g's summary, emitted at logged time at.
+func (e *Engine) queueSummary(tx *bolt.Tx, r *rule, g *group, at int64) error {
+	sm := SummaryMessage{
+		Type: TypeSummary, Gateway: e.cfg.Gateway, Rule: r.name, Metric: r.metric, Severity: r.severity,
+		EmittedAt: at, Transitions: g.fired + g.cleared, Fired: g.fired, Cleared: g.cleared,
+		Devices: g.devices, Key: fmt.Sprintf("%s/%s/%s/%d", e.cfg.Gateway, r.name, summaryDevice, g.at),
+	}
+	if g.part > 0 {
+		sm.Part = g.part + 1
+		sm.Key += fmt.Sprintf("/%d", sm.Part)
+	}
+	payload, err := marshal(&sm)
+	if err != nil {
+		return err
+	}
+	seq, err := e.appendLocal(tx, local.Message{Topic: r.summaryTopic, Payload: payload, QoS: localQoS}, at)
+	if err != nil {
+		return fmt.Errorf("append storm summary of %s: %w", r.name, err)
+	}
+	g.summarySeq = seq
+	return nil
+}
+
+// releaseHeld queues the held summary part of rule ri's storm, if any, at
+// logged time at: its window ended, or a new storm of the rule begins.
+func (e *Engine) releaseHeld(tx *bolt.Tx, ri int, at int64) error {
+	g := e.groups[ri]
+	if g == nil || !g.held {
+		return nil
+	}
+	r := e.rules[ri]
+	g.held = false
+	e.txc.summaries++
+	if err := e.queueSummary(tx, r, g, at); err != nil {
+		return err
+	}
+	return e.putGroup(tx, r, g)
+}
+
+// releaseEnded releases the held parts of storms whose window ended by
+// the logged clock, in rule order.
+func (e *Engine) releaseEnded(tx *bolt.Tx) error {
+	for ri, g := range e.groups {
+		if g != nil && g.held && e.clock-g.at >= e.stormWindow {
+			if err := e.releaseHeld(tx, ri, e.clock); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (e *Engine) putGroup(tx *bolt.Tx, r *rule, g *group) error {
 	if err := tx.Bucket(bucketStorm).Put([]byte(r.name), encodeGroup(g)); err != nil {
 		return fmt.Errorf("put storm of %s: %w", r.name, err)
 	}

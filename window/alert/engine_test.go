@@ -324,6 +324,80 @@ func TestStormSummary(t *testing.T) {
 	})
 }
 
+// TestStormWindow: transitions of one rule within storm_window of its
+// first are one storm, though emitted at different instants, as a fleet's
+// windows close one device at a time. Once the summary went out, the rest
+// of the storm is held and queued as one more part when the window ends,
+// not as a part per micro-batch. Transitions further apart are no storm.
+func TestStormWindow(t *testing.T) {
+	r := overheating()
+	r.For = 1
+	cfg := testConfig(r)
+	cfg.LocalPublish.StormWindow = config.Duration(time.Minute)
+	at0 := win("x", "", 0, 0, 1).at
+	spread := func(from, n int, step int64) []call {
+		var cs []call
+		for i := range n {
+			cs = append(cs, win(fmt.Sprintf("press-%02d", from+i), "temperature", 0, 90, 1).atTime(at0+int64(from+i)*step))
+		}
+		return cs
+	}
+
+	t.Run("spread over the window", func(t *testing.T) {
+		db := openDB(t, "")
+		e := newEngine(t, db, cfg)
+		emit(t, db, e, spread(0, 30, 1000)...)
+		ls := locals(t, db)
+		if len(alerts(t, db)) != 30 || len(ls) != 1 || ls[0].JSON["type"] != TypeSummary || ls[0].JSON["transitions"] != 30.0 {
+			t.Fatalf("%d uplink alerts, local rows %v: want 30 alerts and one summary of 30", len(alerts(t, db)), ls)
+		}
+		if key := ls[0].JSON["key"]; key != fmt.Sprintf("gw1/overheating/_summary/%d", at0) {
+			t.Fatalf("summary key %v, want the storm's first instant", key)
+		}
+	})
+
+	t.Run("the rest after a published summary waits for the window's end", func(t *testing.T) {
+		db := openDB(t, "")
+		e := newEngine(t, db, cfg)
+		emit(t, db, e, spread(0, 25, 1000)...)
+		first := locals(t, db)
+		if len(first) != 1 {
+			t.Fatalf("local rows after 25 transitions: %v, want one summary", first)
+		}
+		if err := db.Update(func(tx *bolt.Tx) error { return outbox.Delete(tx, first[0].Seq) }); err != nil {
+			t.Fatal(err)
+		}
+		emit(t, db, e, spread(25, 5, 1000)...)
+		emit(t, db, e, spread(30, 10, 1000)...)
+		if ls := locals(t, db); len(ls) != 0 {
+			t.Fatalf("local rows inside the storm's window after its summary went out: %v, want none yet", ls)
+		}
+		// Any window emitted after the storm's window ends releases the
+		// held part; this one is a device the rule does not watch.
+		emit(t, db, e, win("other-1", "temperature", 0, 20, 1).atTime(at0+60_000))
+		ls := locals(t, db)
+		if len(ls) != 1 {
+			t.Fatalf("local rows after the window ended: %v, want the second part", ls)
+		}
+		j := ls[0].JSON
+		if j["key"] != first[0].JSON["key"].(string)+"/2" || j["part"] != 2.0 || j["transitions"] != 15.0 || j["emitted_at"] != float64(at0+60_000) {
+			t.Fatalf("second part %v, want key /2, part 2, the 15 transitions after the first summary, emitted at the window's end", j)
+		}
+		if st := e.Stats(); st.Summaries != 2 || st.LocalFolded != 40 {
+			t.Fatalf("stats %+v, want 2 summaries and all 40 transitions folded", st)
+		}
+	})
+
+	t.Run("further apart is no storm", func(t *testing.T) {
+		db := openDB(t, "")
+		e := newEngine(t, db, cfg)
+		emit(t, db, e, spread(0, 30, 5000)...) // 150 s: 12 in each of the first two minutes, 6 in the third
+		if ls := locals(t, db); len(ls) != 30 {
+			t.Fatalf("%d local rows, want 30 individual messages", len(ls))
+		}
+	})
+}
+
 func TestDeviceGlob(t *testing.T) {
 	cases := []struct {
 		glob   string
@@ -574,8 +648,8 @@ func TestStateEncoding(t *testing.T) {
 	if err != nil || *got != *s {
 		t.Fatalf("state round trip: %+v, %v", got, err)
 	}
-	for _, part := range []uint32{0, 3} {
-		g := &group{at: 5, count: 3, fired: 2, cleared: 1, seqs: []uint64{1, 9}, summarySeq: 4, devices: []string{"a", ""}, part: part}
+	for _, part := range []uint32{0, 3, 4} {
+		g := &group{at: 5, count: 3, fired: 2, cleared: 1, seqs: []uint64{1, 9}, summarySeq: 4, devices: []string{"a", ""}, part: part, held: part == 4}
 		g2, err := decodeGroup(encodeGroup(g))
 		if err != nil || fmt.Sprint(*g2) != fmt.Sprint(*g) {
 			t.Fatalf("group round trip: %+v, %v", g2, err)

@@ -50,8 +50,9 @@ type AlertMessage struct {
 }
 
 // SummaryMessage replaces the local alert messages of a storm: more than
-// local_publish.storm_threshold transitions of one rule at one emission
-// point. It is published on the alerts topic with {device} = "_summary".
+// local_publish.storm_threshold transitions of one rule within
+// local_publish.storm_window of its first. It is published on the alerts
+// topic with {device} = "_summary".
 type SummaryMessage struct {
 	Type      string `json:"type"` // "summary"
 	Gateway   string `json:"gateway"`
@@ -66,12 +67,13 @@ type SummaryMessage struct {
 	// Devices lists the devices of the first transitions (at most 100),
 	// in emission order.
 	Devices []string `json:"devices"`
-	// Key identifies the storm: gateway/rule/_summary/emitted_at, with
-	// /Part appended from part 2 on.
+	// Key identifies the storm: gateway/rule/_summary/<the logged time of
+	// its first transition>, with /Part appended from part 2 on.
 	Key string `json:"key"`
-	// Part numbers the summaries of one storm that spans micro-batches
-	// (from 2; absent for the first): once a summary went out, the next
-	// counts only the transitions after it, under its own key.
+	// Part numbers the summaries of one storm (from 2; absent for the
+	// first): once a summary went out, the next counts only the
+	// transitions after it, under its own key, and is held until the
+	// storm's window ends.
 	Part uint32 `json:"part,omitempty"`
 }
 

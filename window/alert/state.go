@@ -134,6 +134,9 @@ type group struct {
 	// part is the summary's part, 0 for the first (see SummaryMessage);
 	// fired, cleared and devices count the current part only.
 	part uint32
+	// held is set while a part after the first waits for the storm's
+	// window to end before its summary is queued.
+	held bool
 }
 
 func encodeGroup(g *group) []byte {
@@ -152,8 +155,12 @@ func encodeGroup(g *group) []byte {
 		b = appendString(b, d)
 	}
 	if g.part > 0 {
-		// Last and optional, so rows written before parts existed decode.
+		// Last and optional, so rows written before parts existed decode;
+		// held, only ever set with a part, after it the same way.
 		b = binary.AppendUvarint(b, uint64(g.part))
+		if g.held {
+			b = append(b, 1)
+		}
 	}
 	return b
 }
@@ -176,6 +183,9 @@ func decodeGroup(b []byte) (*group, error) {
 	}
 	if len(d.b) > 0 {
 		g.part = d.uvarint32()
+	}
+	if len(d.b) > 0 {
+		g.held = d.byte() == 1
 	}
 	if d.err != nil || len(d.b) != 0 {
 		return nil, fmt.Errorf("%w: storm row", ErrCorruptState)

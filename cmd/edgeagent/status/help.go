@@ -86,7 +86,7 @@ var metricHelp = map[string]string{
 	"edgeagent_alerts_fired_total":                    "Alert transitions to firing.",
 	"edgeagent_alerts_cleared_total":                  "Alert transitions to cleared.",
 	"edgeagent_alerts_suppressed_total":               "Alert transitions held back by min_interval.",
-	"edgeagent_alert_summaries_total":                 "Alert storms: summaries that replaced a rule's local alert messages at one emission point.",
+	"edgeagent_alert_summaries_total":                 "Alert storms: summary messages queued in place of a rule's local alert messages within its storm window.",
 	"edgeagent_local_messages_queued_total":           "Messages queued for publishing on the local broker.",
 	"edgeagent_local_messages_published_total":        "Messages published on the local broker (acknowledged at QoS 1).",
 	"edgeagent_local_publish_failures_total":          "Local publish attempts that failed (each is retried).",
