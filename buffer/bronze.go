@@ -116,7 +116,7 @@ func Open(path string, opts Options) (*Bronze, error) {
 	db, err := boltkv.Open(path, 0o640, opts.ReadOnly)
 	if err != nil {
 		if errors.Is(err, bolt.ErrTimeout) {
-			return nil, fmt.Errorf("open bronze %s: locked by another process (is the agent running? use the status endpoint instead): %w", path, err)
+			return nil, fmt.Errorf("open bronze %s: locked by another process (is the agent running?): %w", path, err)
 		}
 		return nil, fmt.Errorf("open bronze %s: %w", path, err)
 	}

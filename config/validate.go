@@ -171,7 +171,11 @@ func (v *validator) mqtt() {
 	switch {
 	case embedded && (m.Username != "" || m.Password != ""):
 		// It would read as protection the built-in broker does not give.
-		v.add("mqtt.username", "has no effect: the embedded broker has no authentication and accepts every client; keep mqtt.embedded.listen on loopback or a trusted interface")
+		key := "mqtt.username"
+		if m.Username == "" {
+			key = "mqtt.password"
+		}
+		v.add(key, "has no effect: the embedded broker has no authentication and accepts every client; keep mqtt.embedded.listen on loopback or a trusted interface")
 	case m.Password != "" && m.Username == "":
 		v.add("mqtt.password", "needs mqtt.username (MQTT sends a password only with a user name)")
 	}
