@@ -92,8 +92,22 @@ func (c agentConfig) render() string {
 	p("  max_bytes_per_second: 0")
 	p("  ack_timeout: %s", dur(u.AckTimeout))
 	p("  reconnect_max_interval: %s", dur(u.ReconnectMaxInterval))
+	if len(a.Alerts) > 0 {
+		// Every change sent and none folded: the transitions are then a
+		// function of the windows (truth.Transitions).
+		p("alerts:")
+		for _, r := range a.Alerts {
+			p("  - {name: %q, metric: %q, devices: %q, when: %q, for: %d, clear_when: %q, actions: [local], min_interval: 0s}",
+				r.Name, r.Metric, r.Devices, r.When, r.For, r.ClearWhen)
+		}
+		p("local_publish: {alerts_topic: %q, storm_threshold: 1000000000, storm_window: 0s}", AlertsTopic)
+	}
 	return b.String()
 }
+
+// AlertsTopic is where the agent publishes the alerts of a scenario's
+// rules, on the device broker.
+const AlertsTopic = "edgeagent/{gateway_id}/alerts/{device}"
 
 // dur writes a duration as Go prints it (1m0s, 200ms): the agent parses it
 // with time.ParseDuration.

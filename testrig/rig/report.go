@@ -45,8 +45,11 @@ type Report struct {
 	Publisher PublisherSummary `json:"publisher"`
 	Result    *verify.Result   `json:"result"`
 	Counters  Counters         `json:"counters"`
-	Faults    []FaultEvent     `json:"faults,omitempty"`
-	Agent     AgentSummary     `json:"agent"`
+	// Alerts compares the local alert transitions with the truth's, for a
+	// scenario with alert rules.
+	Alerts *AlertResult `json:"alerts,omitempty"`
+	Faults []FaultEvent `json:"faults,omitempty"`
+	Agent  AgentSummary `json:"agent"`
 	// BrokerDropped counts messages the in-process broker dropped.
 	BrokerDropped uint64 `json:"broker_dropped"`
 }
@@ -180,6 +183,10 @@ func (r *Report) WriteTable(w io.Writer) {
 			fmt.Fprintf(w, "  latency    publish→window p50 %s  p99 %s  max %s over %s windows\n",
 				ms(l.P50Ms), ms(l.P99Ms), ms(l.MaxMs), num(l.Windows))
 		}
+	}
+	if a := r.Alerts; a != nil {
+		fmt.Fprintf(w, "  alerts     transitions expected %d  received %d  correct %d  missing %d  extra %d  (%d delivered again, %d keys with two contents)\n",
+			a.Expected, a.Received, a.Correct, a.Missing, a.Extra, a.Duplicates, a.Conflicts)
 	}
 	c := r.Counters
 	fmt.Fprintf(w, "  counters   late %s  duplicates %s  dead letters %s  (observed/expected, %s, %s)\n",

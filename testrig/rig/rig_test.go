@@ -180,7 +180,8 @@ func TestReportJSONAsDocumented(t *testing.T) {
 		Faults:   []FaultEvent{{Kind: "agent_kill", Skipped: "s", Error: "e", Note: "n"}},
 		Result:   &verify.Result{Problems: []string{"p"}},
 		Counters: Counters{Late: c, Duplicates: c, DeadLetters: c},
-		Agent:    AgentSummary{Exits: []agentproc.Exit{{Code: 0}}}}
+		Agent:    AgentSummary{Exits: []agentproc.Exit{{Code: 0}}},
+		Alerts:   &AlertResult{Examples: []string{"e"}}}
 	var b bytes.Buffer
 	if err := rep.WriteJSON(&b); err != nil {
 		t.Fatal(err)

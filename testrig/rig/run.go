@@ -190,6 +190,15 @@ func run(ctx context.Context, e *env, sc *scenario.Scenario, o Options) (*Report
 	if err := e.startAgent(ctx, 30*time.Second); err != nil {
 		return nil, err
 	}
+	var alerts *alertWatch
+	if len(sc.Agent.Alerts) > 0 {
+		w, err := watchAlerts(ctx, e.brokerURL)
+		if err != nil {
+			return nil, err
+		}
+		defer w.close()
+		alerts = w
+	}
 	plan, err := e.planFor(sc)
 	if err != nil {
 		return nil, err
@@ -279,6 +288,9 @@ func run(ctx context.Context, e *env, sc *scenario.Scenario, o Options) (*Report
 		// A quiet period: anything still to come (an extra, a late
 		// revision) has time to arrive before the agent is stopped.
 		sleepCtx(ctx, max(time.Second, 3*sc.Agent.TriggerInterval))
+		if alerts != nil {
+			rep.Alerts = waitAlerts(ctx, alerts, exp.Transitions(sc.Agent.Alerts), 10*time.Second)
+		}
 	}
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
@@ -401,6 +413,9 @@ func finish(rep *Report, e *env, exp *truth.Expected, st *agentproc.Status, atLe
 		if n := r.Delivery.KeyConflicts; n > 0 {
 			rep.Failures = append(rep.Failures, fmt.Sprintf("%d aggregates reused an idempotency key with other contents: a receiver that upserts on the key keeps whichever copy it saw first", n))
 		}
+	}
+	if rep.Alerts != nil {
+		rep.Failures = append(rep.Failures, rep.Alerts.failures()...)
 	}
 	slices.Sort(rep.Failures)
 	rep.Failures = slices.Compact(rep.Failures)

@@ -220,6 +220,9 @@ type Agent struct {
 	BronzeMaxBytes    Size          `yaml:"bronze_max_bytes"`
 	OutboxMaxBytes    Size          `yaml:"outbox_max_bytes"`
 	Uplink            Uplink        `yaml:"uplink"`
+	// Alerts are alert rules the agent runs, publishing each transition
+	// to the device broker, where the rig checks them against the truth.
+	Alerts []AlertRule `yaml:"alerts"`
 }
 
 // Window is the agent's window section.
@@ -462,6 +465,7 @@ func (sc *Scenario) setDefaults() {
 	if len(w.Aggregates) == 0 {
 		w.Aggregates = append([]string(nil), AllAggregates...)
 	}
+	sc.setAlertDefaults()
 	if a.TriggerInterval == 0 {
 		a.TriggerInterval = DefaultTriggerInterval
 	}
@@ -689,6 +693,7 @@ func (sc *Scenario) validate(p *problems) {
 	}
 	sc.validateMisbehaviour(p)
 	sc.validateFaults(p)
+	sc.validateAlerts(p)
 }
 
 func (sc *Scenario) validateMisbehaviour(p *problems) {

@@ -24,6 +24,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/edgeagent/edgeagent/testrig/scenario"
 	"github.com/edgeagent/edgeagent/testrig/sim"
 )
 
@@ -249,4 +250,85 @@ func floorDiv(a, b int64) int64 {
 		q--
 	}
 	return q
+}
+
+// Transition is an alert rule's state change, as the agent publishes it
+// locally: fired or cleared, keyed by the window that made it.
+type Transition struct {
+	Rule, Device string
+	Start        int64
+	State        string // fired | cleared
+}
+
+// Transitions are the transitions the agent's alert rules must make over
+// the expected windows, in the order of the agent's evaluation (each
+// device's windows of the rule's metric by start), with the rules run as
+// the rig configures them: every change sent (min_interval 0s), none
+// folded. It is valid when every window is emitted once with its final
+// value (no late data, no idle close before the last reading), as in the
+// rig's alerts scenario.
+func (e *Expected) Transitions(rules []scenario.AlertRule) []Transition {
+	type series struct{ device, metric string }
+	starts := map[series][]int64{}
+	for k := range e.Windows {
+		s := series{k.Device, k.Metric}
+		starts[s] = append(starts[s], k.Start)
+	}
+	keys := make([]series, 0, len(starts))
+	for s := range starts {
+		keys = append(keys, s)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		return keys[i].device < keys[j].device || keys[i].device == keys[j].device && keys[i].metric < keys[j].metric
+	})
+	var out []Transition
+	for _, r := range rules {
+		when, clear := r.Conditions()
+		for _, s := range keys {
+			if !r.Matches(s.device, s.metric) {
+				continue
+			}
+			ss := starts[s]
+			sort.Slice(ss, func(i, j int) bool { return ss[i] < ss[j] })
+			firing, streak := false, 0
+			for _, start := range ss {
+				w := e.Windows[Key{s.device, s.metric, start}]
+				switch {
+				case !firing && when.Holds(w.aggregate(when.Aggregate)):
+					if streak++; streak >= r.For {
+						firing, streak = true, 0
+						out = append(out, Transition{r.Name, s.device, start, "fired"})
+					}
+				case !firing:
+					streak = 0
+				case clear.Holds(w.aggregate(clear.Aggregate)) && !when.Holds(w.aggregate(when.Aggregate)):
+					// Hysteresis: only clear_when clears, and not while
+					// when still holds (an alert on two aggregates).
+					firing = false
+					out = append(out, Transition{r.Name, s.device, start, "cleared"})
+				}
+			}
+		}
+	}
+	return out
+}
+
+// aggregate is the window's named aggregate.
+func (w *Window) aggregate(name string) float64 {
+	switch name {
+	case "count":
+		return float64(w.Count)
+	case "sum":
+		return w.Sum
+	case "min":
+		return w.Min
+	case "max":
+		return w.Max
+	case "mean":
+		return w.Mean()
+	case "first":
+		return w.First
+	default:
+		return w.Last
+	}
 }

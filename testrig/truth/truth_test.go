@@ -343,3 +343,35 @@ func diff(a *wire.Aggregate, w *truth.Window) string {
 func near(a, b float64) bool {
 	return a == b || math.Abs(a-b) <= 1e-9*math.Max(math.Abs(a), math.Abs(b))
 }
+
+// Transitions by hand: `for` counts windows in a row, hysteresis keeps an
+// alert firing inside the band, a default clear_when is when's negation,
+// and a rule watches only its devices and metric.
+func TestTransitionsByHand(t *testing.T) {
+	e := &truth.Expected{Windows: map[truth.Key]*truth.Window{}}
+	put := func(dev, metric string, means ...float64) {
+		for i, m := range means {
+			e.Windows[truth.Key{Device: dev, Metric: metric, Start: int64(i) * 60_000}] = &truth.Window{Count: 2, Sum: 2 * m, Min: m - 1, Max: m + 1, First: m, Last: m}
+		}
+	}
+	put("p1", "pressure", 69, 71, 72, 69.8, 69.4, 71, 69.9, 71, 71.5)
+	put("p1", "temperature", 90, 90, 90)    // another metric
+	put("q1", "pressure", 90, 90, 90, 90)   // outside the glob
+	put("p2", "pressure", 70.5, 72.6, 71.0) // max 71.5, 73.6, 72.0
+	rules := []scenario.AlertRule{
+		{Name: "over", Metric: "pressure", Devices: "p*", When: "mean > 70", For: 2, ClearWhen: "mean < 69.5"},
+		{Name: "peak", Metric: "pressure", Devices: "p2", When: "max > 72.5", For: 1},
+	}
+	got := e.Transitions(rules)
+	want := []truth.Transition{
+		{Rule: "over", Device: "p1", Start: 2 * 60_000, State: "fired"},
+		{Rule: "over", Device: "p1", Start: 4 * 60_000, State: "cleared"},
+		{Rule: "over", Device: "p1", Start: 8 * 60_000, State: "fired"},
+		{Rule: "over", Device: "p2", Start: 1 * 60_000, State: "fired"},
+		{Rule: "peak", Device: "p2", Start: 1 * 60_000, State: "fired"},
+		{Rule: "peak", Device: "p2", Start: 2 * 60_000, State: "cleared"},
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("transitions\n got %v\nwant %v", got, want)
+	}
+}
