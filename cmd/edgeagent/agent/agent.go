@@ -437,9 +437,9 @@ var ErrUndelivered = errors.New("outbox not delivered")
 // returns (`run --once`). Aggregates or alerts a configured uplink left
 // undelivered are an ErrUndelivered, so a job runner sees that they have
 // not reached the cloud yet; with no uplink configured they stay in the
-// outbox and the run succeeds. Local messages are not published: they are for live subscribers on
-// the gateway's broker (which, when it is the built-in one, does not run
-// here), and wait for the next run of the agent.
+// outbox and the run succeeds. Local messages are not published: they are
+// for live subscribers on the gateway's broker (which, when it is the
+// built-in one, does not run here), and wait for the next run of the agent.
 func (a *Agent) RunOnce(ctx context.Context) error {
 	if err := a.Stage.RunOnce(); err != nil {
 		return fmt.Errorf("window stage: %w", err)
