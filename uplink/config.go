@@ -209,8 +209,10 @@ func (n *NATSConfig) validate() error {
 	urls := strings.Split(n.URL, ",")
 	for _, u := range urls {
 		p, err := url.Parse(strings.TrimSpace(u))
+		u = secret.URL(u, true) // shown below: a password or token in it is not
 		if err != nil {
-			return configErr("uplink.nats.url", "%q: %v", u, err)
+			// url.Error repeats the URL, password and all.
+			return configErr("uplink.nats.url", "%q: not a URL", u)
 		}
 		if p.Scheme == "ws" || p.Scheme == "wss" {
 			websocket++
@@ -270,7 +272,8 @@ func (m *MQTTConfig) validate() error {
 	}
 	p, err := url.Parse(m.Broker)
 	if err != nil {
-		return configErr("uplink.mqtt.broker", "%q: %v", secret.URL(m.Broker, false), err)
+		// url.Error repeats the URL, password and all.
+		return configErr("uplink.mqtt.broker", "%q: not a URL", secret.URL(m.Broker, false))
 	}
 	switch p.Scheme {
 	case "tcp", "mqtt", "ssl", "tls", "mqtts", "ws", "wss":

@@ -45,6 +45,9 @@ func TestConfigValidate(t *testing.T) {
 		{"nats ca missing", func(c *Config) { c.NATS.TLS.CAFile = "/nonexistent/ca.pem" }, "uplink.nats.tls.ca_file"},
 		{"nats cert without key", func(c *Config) { c.NATS.TLS.CertFile = "/nonexistent/c.pem" }, "uplink.nats.tls"},
 		{"mqtt broker scheme", func(c *Config) { c.NATS, c.MQTT = nil, mqtt(); c.MQTT.Broker = "nats://x:1" }, "uplink.mqtt.broker"},
+		{"nats url not a URL, password", func(c *Config) { c.NATS.URL = "nats://u:s3cret@host:abc" }, "uplink.nats.url"},
+		{"nats url scheme, password", func(c *Config) { c.NATS.URL = "http://u:s3cret@host:4222" }, "uplink.nats.url"},
+		{"mqtt broker not a URL, password", func(c *Config) { c.NATS, c.MQTT = nil, mqtt(); c.MQTT.Broker = "tcp://u:s3cret@host:abc" }, "uplink.mqtt.broker"},
 		{"mqtt topic wildcard", func(c *Config) { c.NATS, c.MQTT = nil, mqtt(); c.MQTT.Topic = "edge/#" }, "uplink.mqtt.topic"},
 		{"mqtt qos", func(c *Config) { c.NATS, c.MQTT = nil, mqtt(); c.MQTT.QoS = 3 }, "uplink.mqtt.qos"},
 	}
@@ -53,6 +56,9 @@ func TestConfigValidate(t *testing.T) {
 			cfg := Config{Gateway: "gw-1", NATS: nats()}
 			c.edit(&cfg)
 			err := cfg.Validate()
+			if err != nil && strings.Contains(err.Error(), "s3cret") {
+				t.Fatalf("the error shows the URL's password: %v", err)
+			}
 			if c.key == "" {
 				if err != nil {
 					t.Fatalf("valid config refused: %v", err)

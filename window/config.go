@@ -420,7 +420,7 @@ func (c Config) behaviour() []byte {
 		{"window.watermark_delay", c.WatermarkDelay.String()},
 		{"window.allowed_lateness", c.AllowedLateness.String()},
 		{"window.idle_timeout", c.IdleTimeout.String()},
-		{"window.aggregates", strings.Join(c.Aggregates, ",")},
+		{"window.aggregates", c.aggregateSet()},
 		{"window.max_devices", strconv.Itoa(c.MaxDevices)},
 		{"window.device_expiry", c.DeviceExpiry.String()},
 		{"processing.trigger_interval", c.TriggerInterval.String()},

@@ -12,15 +12,19 @@ import (
 // Mask replaces a secret in output.
 const Mask = "***"
 
-// URL masks the password in each URL of a comma-separated list. With
-// userIsToken (NATS URLs) a user name without a password is a token, and
-// is masked too. A URL that does not parse is masked up to its last '@'
-// rather than risk printing a password.
+// URL masks the password in a URL. With userIsToken (NATS) s may be a
+// comma-separated list of URLs, and a user name without a password is a
+// token, masked too; other URLs are one URL, whose password may hold a
+// comma. A URL that does not parse is masked up to its last '@' rather
+// than risk printing a password.
 func URL(s string, userIsToken bool) string {
 	if !strings.Contains(s, "@") {
 		return s
 	}
-	parts := strings.Split(s, ",")
+	parts := []string{s}
+	if userIsToken {
+		parts = strings.Split(s, ",")
+	}
 	for i, p := range parts {
 		u, err := url.Parse(strings.TrimSpace(p))
 		if err != nil || u.User == nil {

@@ -14,6 +14,7 @@ func TestURL(t *testing.T) {
 		{"ssl://us%20er:p%40ss@h:1/path?q=1", false, "ssl://us%20er:***@h:1/path?q=1"},
 		{"nats://a:b@h1,nats://c:d@h2", true, "nats://a:***@h1,nats://c:***@h2"},
 		{"::bad::pw@host", false, "***@host"},
+		{"tcp://user:pa,ss@host:1883", false, "tcp://user:***@host:1883"}, // one URL: the comma is the password's
 	} {
 		if got := URL(tc.in, tc.token); got != tc.want {
 			t.Errorf("URL(%q, %v) = %q, want %q", tc.in, tc.token, got, tc.want)

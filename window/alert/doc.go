@@ -5,11 +5,15 @@
 // The Engine implements window.Observer: the window stage calls Emitted for
 // every emitted aggregate, in a deterministic order, inside its batch
 // transaction, with the logged clock of the emission (emittedAtMs). The
-// engine is a pure function of that sequence of calls — it reads no other
-// clock — so a replay or a restart neither loses nor repeats a transition,
-// and the same sequence split into different transactions, with a restart
-// in between, writes byte-identical outbox rows. docs/alerts.md is the
-// user's side.
+// engine is a pure function of that sequence of calls and of the
+// transactions they come in — it reads no other clock, and nothing of the
+// local publisher's — so a replay or a restart neither loses nor repeats a
+// transition. The same sequence split into different transactions, with a
+// restart in between, writes byte-identical uplink rows, republished
+// aggregates and rule state; only how a storm is told locally follows the
+// transactions, since a storm never rewrites a local row an earlier,
+// committed transaction queued (the publisher may be sending it).
+// docs/alerts.md is the user's side.
 //
 // # Evaluation
 //

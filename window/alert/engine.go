@@ -332,6 +332,13 @@ func (e *Engine) begin(tx *bolt.Tx) error {
 		}
 	}
 	e.cur, e.curDone = tx, false
+	// What earlier transactions queued is committed, and the local
+	// publisher may be sending it: a storm never touches those rows again.
+	for _, g := range e.groups {
+		if g != nil {
+			g.seqs, g.summaryInTx = nil, false
+		}
+	}
 	c := &counters{}
 	e.txc = c
 	tx.OnCommit(func() { e.committed(tx, c) })
@@ -653,12 +660,13 @@ func (e *Engine) localAlert(tx *bolt.Tx, k skey, r *rule, m *AlertMessage, at in
 		g = &group{at: at}
 		e.groups[k.rule] = g
 	}
-	if g.count > e.threshold && !g.held && !outbox.Has(tx, g.summarySeq) {
-		// The storm goes on and its summary was already published: a new
-		// part, counting from here, under its own key, so no key goes out
-		// twice with different contents. It is held until the storm's
-		// window ends (releaseHeld), so a storm that goes on for the whole
-		// window pages once more, not once a micro-batch.
+	if g.count > e.threshold && !g.held && !g.summaryInTx {
+		// The storm goes on after the transaction that queued its summary
+		// committed: the local publisher may have sent it, so it is never
+		// rewritten (a key goes out with one content). A new part counts
+		// from here under its own key, held until the storm's window ends
+		// (releaseHeld): a storm that goes on for the whole window pages
+		// once more, not once a micro-batch.
 		g.part++
 		g.fired, g.cleared, g.devices, g.summarySeq = 0, 0, nil, 0
 		g.held = true
@@ -685,14 +693,13 @@ func (e *Engine) localAlert(tx *bolt.Tx, k skey, r *rule, m *AlertMessage, at in
 		// summary, rewritten as the group grows until it is published.
 		var drop []uint64
 		if g.count == e.threshold+1 {
-			// Rows of an earlier transaction may already be published:
-			// those went out and stay counted.
-			drop = slices.DeleteFunc(g.seqs, func(seq uint64) bool { return !outbox.Has(tx, seq) })
-			g.seqs = nil
+			// The individual messages this transaction queued give way;
+			// those of earlier ones may be out, and stay counted.
+			drop, g.seqs = g.seqs, nil
 			e.txc.summaries++
 			e.txc.folded += uint64(len(drop))
 		} else {
-			drop = []uint64{g.summarySeq} // still queued (checked above)
+			drop = []uint64{g.summarySeq} // queued by this transaction (checked above)
 		}
 		if err := outbox.Delete(tx, drop...); err != nil {
 			return fmt.Errorf("fold local alerts of %s: %w", r.name, err)
@@ -725,7 +732,7 @@ func (e *Engine) queueSummary(tx *bolt.Tx, r *rule, g *group, at int64) error {
 	if err != nil {
 		return fmt.Errorf("append storm summary of %s: %w", r.name, err)
 	}
-	g.summarySeq = seq
+	g.summarySeq, g.summaryInTx = seq, true
 	return nil
 }
 
@@ -749,7 +756,7 @@ func (e *Engine) releaseHeld(tx *bolt.Tx, ri int, at int64) error {
 // the logged clock, in rule order.
 func (e *Engine) releaseEnded(tx *bolt.Tx) error {
 	for ri, g := range e.groups {
-		if g != nil && g.held && e.clock-g.at >= e.stormWindow {
+		if g != nil && g.held && e.clock-g.at >= max(e.stormWindow, 1) {
 			if err := e.releaseHeld(tx, ri, e.clock); err != nil {
 				return err
 			}

@@ -127,7 +127,9 @@ type group struct {
 	at                    int64
 	count, fired, cleared uint32
 	// seqs are the outbox rows of the individual local messages of this
-	// group (at most the threshold); summarySeq the current summary row.
+	// group that the current transaction queued (at most the threshold;
+	// stored for the rows' layout, cleared by begin); summarySeq the
+	// current summary row.
 	seqs       []uint64
 	summarySeq uint64
 	devices    []string
@@ -137,6 +139,9 @@ type group struct {
 	// held is set while a part after the first waits for the storm's
 	// window to end before its summary is queued.
 	held bool
+	// summaryInTx: summarySeq was queued by the current transaction, so
+	// it can still be rewritten (not stored; begin clears it, and seqs).
+	summaryInTx bool
 }
 
 func encodeGroup(g *group) []byte {
