@@ -244,8 +244,15 @@ func (v *validator) brokerURL(key, s string, schemes []string, needPort bool) *u
 		return nil
 	}
 	u, err := url.Parse(s)
+	if err == nil && strings.Contains(u.Path+u.RawQuery+u.Fragment, "@") {
+		err = url.EscapeError("@") // the host would be part of a password
+	}
 	if err != nil {
-		v.add(key, "%q is not a URL such as %s", shown, example)
+		hint := ""
+		if strings.Contains(s, "@") {
+			hint = "; in a user name or password, write @ / # ? : and % percent-encoded (%40 %2F %23 %3F %3A %25)"
+		}
+		v.add(key, "%q is not a URL such as %s%s", shown, example, hint)
 		return nil
 	}
 	if !slices.Contains(schemes, strings.ToLower(u.Scheme)) {

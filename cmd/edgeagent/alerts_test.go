@@ -94,7 +94,7 @@ local_publish:
 		}
 		return true
 	})
-	if out, err := exec.Command(agentBin, "status", "-c", cfgPath).CombinedOutput(); err != nil || !strings.Contains(string(out), "0 firing of 1 rules; 1 fired, 1 cleared") {
+	if out, err := exec.Command(agentBin, "status", "-c", cfgPath).CombinedOutput(); err != nil || !strings.Contains(string(out), "0 firing of 1 rule; 1 fired, 1 cleared") {
 		t.Errorf("edgeagent status lacks the alerts row: %v\n%s", err, out)
 	}
 	p.stop(t)

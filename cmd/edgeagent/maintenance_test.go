@@ -341,3 +341,56 @@ window: {size: 1m, aggregates: [%s], watermark_delay: 0s, allowed_lateness: 0s, 
 		t.Fatalf("run --once after reset-state: %v\n%s", err, out)
 	}
 }
+
+// Batches an earlier run sealed but could not deliver (no stream took
+// them) are what run --once must deliver, or exit 1 over: it used to ask
+// the uplink how many there were before the uplink had loaded them, saw
+// none, and exited 0 at once with everything still in the outbox (found by
+// a walkthrough of the README).
+func TestRunOnceDeliversBatchesAnEarlierRunSealed(t *testing.T) {
+	dir := t.TempDir()
+	mqttAddr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+	statusAddr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+	nats := natstest.Start(t)
+	config := func(createStream bool) string {
+		return writeConfig(t, dir, embeddedAgentConfig("sealed-gw", dir, mqttAddr)+fmt.Sprintf(`
+status: {listen: %q}
+readings: {metrics: [temperature]}
+window: {size: 1m, watermark_delay: 0s, allowed_lateness: 0s, idle_timeout: 1h}
+processing: {trigger_interval: 100ms}
+uplink:
+  nats: {url: %q, subject: "edge.{gateway_id}.aggregates", stream: EDGE, create_stream: %v}
+  ack_timeout: 1s
+`, statusAddr, nats.URL(), createStream))
+	}
+	// No stream captures the subject yet: the batches are sealed, sent and
+	// never acknowledged.
+	cfgPath := config(false)
+	p := startAgent(t, "run", "-c", cfgPath)
+	p.waitLog(t, "status endpoint listening")
+	pub := mqtttest.NewPublisher(t, "tcp://"+mqttAddr, "d1")
+	base := time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC).UnixMilli()
+	for m := range 4 {
+		pub.Publish(t, "sensors/d1/telemetry", 1, fmt.Appendf(nil, `{"id":"%d","ts":%d,"temperature":%d}`, m, base+int64(m)*60_000, 20+m))
+	}
+	mqtttest.WaitFor(t, 30*time.Second, "sealed batches nobody acknowledged", func() bool {
+		return !strings.Contains(httpGet(t, "http://"+statusAddr+"/status.json", 200), `"sealed_batches": 0,`)
+	})
+	p.stop(t)
+
+	out, err := exec.Command(agentBin, "run", "-c", config(true), "--once").CombinedOutput()
+	if err != nil {
+		t.Fatalf("run --once with a stream for the subject: %v\n%s", err, out)
+	}
+	var got int
+	for _, m := range natstest.StreamMessages(t, nats.URL(), "EDGE") {
+		b, err := wire.DecodeBatch(m.Data, m.Header.Get("Content-Encoding"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got += len(b.Aggregates)
+	}
+	if got != 3 {
+		t.Fatalf("the stream holds %d aggregates after run --once, want the 3 windows the first run sealed\n%s", got, out)
+	}
+}

@@ -319,19 +319,20 @@ func printStatus(w io.Writer, s *status.Snapshot, color bool) {
 	}
 	rows := [][2]string{
 		{"input / processed", fmt.Sprintf("%.1f msgs/s / %.1f records/s", s.Rates.InputPerSecond, s.Rates.ProcessedPerSecond)},
-		{"Bronze backlog", fmt.Sprintf("%d records, about %s (%+.1f/s)", s.Bronze.BacklogRecords, status.Bytes(s.Bronze.UnprocessedBytes), s.Rates.BacklogGrowth)},
+		{"Bronze backlog", fmt.Sprintf("%d record%s, about %s (%+.1f/s)", s.Bronze.BacklogRecords, plural(int(s.Bronze.BacklogRecords)), status.Bytes(s.Bronze.UnprocessedBytes), s.Rates.BacklogGrowth)},
 		{"batch / trigger", fmt.Sprintf("%s / %s", d(s.Window.LastBatchSeconds), d(s.Window.TriggerIntervalSeconds))},
-		{"state", fmt.Sprintf("%d windows (%d on disk only), %d dedup entries, %d devices, %s", s.Window.OpenWindows, s.Window.EvictedWindows, s.Window.DedupEntries, s.Window.Devices, status.Bytes(s.Window.StateBytes))},
+		{"state", fmt.Sprintf("%s (%d on disk only), %s, %s, %s", counted(s.Window.OpenWindows, "window", "windows"), s.Window.EvictedWindows,
+			counted(s.Window.DedupEntries, "dedup entry", "dedup entries"), counted(s.Window.Devices, "device", "devices"), status.Bytes(s.Window.StateBytes))},
 		{"end-to-end lag", lag},
 		{"outbox", fmt.Sprintf("%d rows, %s of %s, oldest %s", s.Outbox.Rows, status.Bytes(int64(s.Outbox.Bytes)), status.Bytes(s.Outbox.MaxBytes), d(s.Outbox.OldestAge))},
 		{"uplink", strings.TrimSpace(s.Uplink.Transport + " " + fmt.Sprintf("%s, %d reconnects, %s sent", s.Uplink.State, s.Uplink.ReconnectsTotal, status.Bytes(int64(s.Uplink.BytesSent))))},
 		{"broker", fmt.Sprintf("%s (%s)", broker, s.Ingest.Broker)},
-		{"Bronze", fmt.Sprintf("%d records, %s of %s", s.Bronze.Records, status.Bytes(s.Bronze.Bytes), status.Bytes(s.Bronze.MaxBytes))},
+		{"Bronze", fmt.Sprintf("%d record%s, %s of %s", s.Bronze.Records, plural(int(s.Bronze.Records)), status.Bytes(s.Bronze.Bytes), status.Bytes(s.Bronze.MaxBytes))},
 		{"late / duplicates / dead letters", fmt.Sprintf("%d / %d / %d", s.Window.LateTotal, s.Window.DuplicatesTotal, s.Window.DeadLettersTotal)},
 	}
 	if al := s.Alerts; al != nil {
-		rows = append(rows, [2]string{"alerts", fmt.Sprintf("%d firing of %d rules; %d fired, %d cleared, %d suppressed; local messages %d queued, %d published, %d failures",
-			al.Firing, al.Rules, al.FiredTotal, al.ClearedTotal, al.SuppressedTotal, al.LocalQueuedTotal, al.LocalPublishedTotal, al.LocalFailuresTotal)})
+		rows = append(rows, [2]string{"alerts", fmt.Sprintf("%d firing of %d rule%s; %d fired, %d cleared, %d suppressed; local messages %d queued, %d published, %d failures",
+			al.Firing, al.Rules, plural(al.Rules), al.FiredTotal, al.ClearedTotal, al.SuppressedTotal, al.LocalQueuedTotal, al.LocalPublishedTotal, al.LocalFailuresTotal)})
 	}
 	for _, r := range rows {
 		fmt.Fprintf(tw, "%s\t%s\n", r[0], r[1])
@@ -583,4 +584,12 @@ func replayCmd(_ context.Context, e *env, args []string) int {
 	fmt.Fprintf(e.stdout, "Replayed %d window%s with start in [%s, %s) from Bronze (retained since %s) into the outbox as new revisions.\nStart the agent to deliver them.\n",
 		n, plural(n), from.Format(time.RFC3339), to.Format(time.RFC3339), oldest)
 	return exitOK
+}
+
+// counted writes n and the noun in its number: "1 device", "2 devices".
+func counted(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }

@@ -27,6 +27,11 @@ func URL(s string, userIsToken bool) string {
 	}
 	for i, p := range parts {
 		u, err := url.Parse(strings.TrimSpace(p))
+		if err == nil && strings.Contains(u.Path+u.RawQuery+u.Fragment, "@") {
+			// A password with an unencoded @, / or # moves the host past
+			// it: the URL parses, its user info does not hold all of it.
+			err = url.EscapeError("@")
+		}
 		if err != nil || u.User == nil {
 			if err != nil {
 				if j := strings.LastIndex(p, "@"); j >= 0 {

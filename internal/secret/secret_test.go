@@ -15,6 +15,8 @@ func TestURL(t *testing.T) {
 		{"nats://a:b@h1,nats://c:d@h2", true, "nats://a:***@h1,nats://c:***@h2"},
 		{"::bad::pw@host", false, "***@host"},
 		{"tcp://user:pa,ss@host:1883", false, "tcp://user:***@host:1883"}, // one URL: the comma is the password's
+		{"nats://bob:p@ss/1@127.0.0.1:4222", true, "***@127.0.0.1:4222"},  // unencoded @ and /: the "host" is the password's
+		{"nats://bob:p#ss@127.0.0.1:4222", true, "***@127.0.0.1:4222"},
 	} {
 		if got := URL(tc.in, tc.token); got != tc.want {
 			t.Errorf("URL(%q, %v) = %q, want %q", tc.in, tc.token, got, tc.want)

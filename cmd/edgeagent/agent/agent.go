@@ -456,12 +456,12 @@ func (a *Agent) RunOnce(ctx context.Context) error {
 	if a.Uplink == nil {
 		// No uplink is a choice, not a failure: everything was processed,
 		// and the outbox keeps the aggregates until one is configured.
-		n, _, err := a.outboxLeft(local)
+		rows, sealed, err := a.outboxLeft(local)
 		if err != nil {
 			return err
 		}
-		if n > 0 {
-			a.log.Info("run --once: no uplink configured; aggregates and alerts stay in the outbox until one is", "waiting", n)
+		if rows+sealed > 0 {
+			a.log.Info("run --once: no uplink configured; aggregates and alerts stay in the outbox until one is", "rows", rows, "sealed_batches", sealed)
 		}
 		return nil
 	}
@@ -502,14 +502,19 @@ func (a *Agent) RunOnce(ctx context.Context) error {
 func (a *Agent) outboxLeft(local uint64) (rows, sealed uint64, err error) {
 	err = a.State.View(func(tx *bolt.Tx) error {
 		st, err := outbox.ReadStats(tx)
+		if err != nil {
+			return err
+		}
 		rows = st.Rows - min(local, st.Rows)
+		// From the database, not the uplink's stats: those know of the
+		// batches an earlier run sealed only once the uplink has loaded
+		// them, and a --once that asked first saw none and exited 0.
+		bl, err := uplink.ReadBacklog(tx)
+		sealed = bl.Batches
 		return err
 	})
 	if err != nil {
 		return 0, 0, fmt.Errorf("read outbox: %w", err)
-	}
-	if a.Uplink != nil {
-		sealed = a.Uplink.Stats().SealedBatches
 	}
 	return rows, sealed, nil
 }

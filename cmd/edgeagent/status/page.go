@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -76,6 +77,46 @@ func (p *pageWriter) int(n int64) { p.WriteString(strconv.FormatInt(n, 10)) }
 
 // counts appends "key value<sep>" for each entry of m in key order (as a
 // template's range over a map does), starting each with before.
+// alerts writes the alert rules' figures and the local publisher's, as
+// /status.json has them.
+func (p *pageWriter) alerts(a *Alerts) {
+	p.raw("\n<h2>Alerts</h2>\n<table><tr><th>firing</th><th>fired</th><th>cleared</th><th>held back</th><th>storm summaries</th><th>local messages</th></tr>\n<tr><td id=\"alerts-firing\">")
+	p.int(int64(a.Firing))
+	p.raw(" across ")
+	p.int(int64(a.Rules))
+	p.raw(" rules")
+	names := make([]string, 0, len(a.FiringByRule))
+	for n := range a.FiringByRule {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		p.raw(" · ")
+		p.text(n)
+		p.raw(" ")
+		p.int(int64(a.FiringByRule[n]))
+	}
+	for _, n := range [...]uint64{a.FiredTotal, a.ClearedTotal, a.SuppressedTotal, a.SummariesTotal} {
+		p.raw("</td><td>")
+		p.uint(n)
+	}
+	p.raw("</td><td>")
+	p.uint(a.LocalPublishedTotal)
+	p.raw(" of ")
+	p.uint(a.LocalQueuedTotal)
+	p.raw(" published")
+	if a.LocalFailuresTotal > 0 {
+		p.raw(" · ")
+		p.uint(a.LocalFailuresTotal)
+		p.raw(" failures")
+	}
+	if a.LocalLastError != "" {
+		p.raw(" · ")
+		p.text(a.LocalLastError)
+	}
+	p.raw("</td></tr></table>\n")
+}
+
 func (p *pageWriter) counts(m map[string]uint64, before, after string) {
 	keys := make([]string, 0, len(m))
 	for k := range m {
@@ -185,7 +226,11 @@ func renderPage(w io.Writer, snap Snapshot, config string) error {
 	p.counts(s.Window.DeadLettersByReason, " · ", "")
 	p.raw("</td>\n<td>")
 	p.counts(s.Ingest.Rejected, "", " ")
-	p.raw("</td></tr></table>\n\n<h2>Last dead letters</h2>\n")
+	p.raw("</td></tr></table>\n")
+	if a := s.Alerts; a != nil {
+		p.alerts(a)
+	}
+	p.raw("\n<h2>Last dead letters</h2>\n")
 	if len(s.DeadLetters) > 0 {
 		p.raw(`<table id="dead-letter-table"><tr><th>seq</th><th>received</th><th>topic</th><th>reason</th><th>payload</th></tr>` + "\n")
 		for _, d := range s.DeadLetters {
