@@ -134,9 +134,9 @@ type Outbox struct {
 
 // Uplink is the link to the cloud.
 type Uplink struct {
-	Transport string    `json:"transport"` // nats, mqtt or "" when disabled
-	State     string    `json:"state"`     // up, down, connecting, disabled
-	Since     time.Time `json:"since"`
+	Transport string    `json:"transport"`      // nats, mqtt or "" when disabled
+	State     string    `json:"state"`          // up, down, connecting, disabled
+	Since     time.Time `json:"since,omitzero"` // absent while disabled
 	// DownSince is when the link was last up (or the agent started),
 	// absent while it is up: reconnect attempts change State, not this.
 	DownSince time.Time `json:"down_since,omitzero"`
