@@ -19,7 +19,7 @@ type Snapshot struct {
 	Window Window `json:"window"`
 	Outbox Outbox `json:"outbox"`
 	Uplink Uplink `json:"uplink"`
-	// Alerts is nil without alert rules or local publishing.
+	// Alerts is nil without alert rules or local_publish.aggregates_topic.
 	Alerts *Alerts `json:"alerts,omitempty"`
 
 	// Rates over the last RateWindow, computed by the server from samples.
