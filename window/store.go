@@ -294,31 +294,20 @@ func compareStored(m *bolt.Bucket, cfg *Config) (stored bool, err error) {
 	return true, compareFingerprint(old, cfg.fingerprint(), cfg.ConfigPath)
 }
 
-// lacksLaterKey reports whether the fingerprint stored in m was written
-// before one of laterKeys counted.
-func lacksLaterKey(m *bolt.Bucket) bool {
-	items, err := decodeFingerprint(m.Get(keyFingerprint))
-	if err != nil {
-		return false
-	}
-	for _, k := range laterKeys {
-		if !slices.ContainsFunc(items, func(it fingerprintItem) bool { return it.Key == k }) {
-			return true
-		}
-	}
-	return false
-}
-
 // checkFingerprint stores the fingerprint on first use and refuses a
-// changed one. A fingerprint saved before one of laterKeys counted is
-// stored again with it.
+// changed one. A stored fingerprint that matches but is not the current
+// one byte for byte was saved before one of laterKeys counted: it is
+// stored again, with them.
 func checkFingerprint(tx *bolt.Tx, cfg *Config) error {
 	m := tx.Bucket(bucketMeta)
-	stored, err := compareStored(m, cfg)
-	if stored && (err != nil || !lacksLaterKey(m)) {
+	if _, err := compareStored(m, cfg); err != nil {
 		return err
 	}
-	if err := m.Put(keyFingerprint, encodeFingerprint(cfg.fingerprint())); err != nil {
+	cur := encodeFingerprint(cfg.fingerprint())
+	if bytes.Equal(m.Get(keyFingerprint), cur) {
+		return nil
+	}
+	if err := m.Put(keyFingerprint, cur); err != nil {
 		return fmt.Errorf("store fingerprint: %w", err)
 	}
 	return nil

@@ -653,7 +653,7 @@ func (e *Engine) localAlert(tx *bolt.Tx, k skey, r *rule, m *AlertMessage, at in
 		return nil
 	}
 	g := e.groups[k.rule]
-	if g == nil || at-g.at >= max(e.stormWindow, 1) || at < g.at {
+	if g == nil || e.stormOver(g, at) || at < g.at {
 		if err := e.releaseHeld(tx, k.rule, at); err != nil {
 			return err
 		}
@@ -690,7 +690,8 @@ func (e *Engine) localAlert(tx *bolt.Tx, k skey, r *rule, m *AlertMessage, at in
 		e.txc.folded++ // into the held part, queued when the window ends
 	} else {
 		// A storm: the individual messages of this group give way to one
-		// summary, rewritten as the group grows until it is published.
+		// summary, rewritten as the group grows within the transaction
+		// that queued it.
 		var drop []uint64
 		if g.count == e.threshold+1 {
 			// The individual messages this transaction queued give way;
@@ -752,11 +753,15 @@ func (e *Engine) releaseHeld(tx *bolt.Tx, ri int, at int64) error {
 	return e.putGroup(tx, r, g)
 }
 
+// stormOver says whether logged time at is past g's storm window (with
+// storm_window 0s, any later instant).
+func (e *Engine) stormOver(g *group, at int64) bool { return at-g.at >= max(e.stormWindow, 1) }
+
 // releaseEnded releases the held parts of storms whose window ended by
 // the logged clock, in rule order.
 func (e *Engine) releaseEnded(tx *bolt.Tx) error {
 	for ri, g := range e.groups {
-		if g != nil && g.held && e.clock-g.at >= max(e.stormWindow, 1) {
+		if g != nil && g.held && e.stormOver(g, e.clock) {
 			if err := e.releaseHeld(tx, ri, e.clock); err != nil {
 				return err
 			}

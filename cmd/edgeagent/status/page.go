@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -75,8 +74,6 @@ func (p *pageWriter) uint(n uint64) { p.WriteString(strconv.FormatUint(n, 10)) }
 
 func (p *pageWriter) int(n int64) { p.WriteString(strconv.FormatInt(n, 10)) }
 
-// counts appends "key value<sep>" for each entry of m in key order (as a
-// template's range over a map does), starting each with before.
 // alerts writes the alert rules' figures and the local publisher's, as
 // /status.json has them.
 func (p *pageWriter) alerts(a *Alerts) {
@@ -85,17 +82,11 @@ func (p *pageWriter) alerts(a *Alerts) {
 	p.raw(" across ")
 	p.int(int64(a.Rules))
 	p.raw(" rules")
-	names := make([]string, 0, len(a.FiringByRule))
-	for n := range a.FiringByRule {
-		names = append(names, n)
+	byRule := make(map[string]uint64, len(a.FiringByRule))
+	for n, c := range a.FiringByRule {
+		byRule[n] = uint64(c)
 	}
-	sort.Strings(names)
-	for _, n := range names {
-		p.raw(" · ")
-		p.text(n)
-		p.raw(" ")
-		p.int(int64(a.FiringByRule[n]))
-	}
+	p.counts(byRule, " · ", "")
 	for _, n := range [...]uint64{a.FiredTotal, a.ClearedTotal, a.SuppressedTotal, a.SummariesTotal} {
 		p.raw("</td><td>")
 		p.uint(n)
@@ -117,6 +108,8 @@ func (p *pageWriter) alerts(a *Alerts) {
 	p.raw("</td></tr></table>\n")
 }
 
+// counts appends "key value<sep>" for each entry of m in key order (as a
+// template's range over a map does), starting each with before.
 func (p *pageWriter) counts(m map[string]uint64, before, after string) {
 	keys := make([]string, 0, len(m))
 	for k := range m {
