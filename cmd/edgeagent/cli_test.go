@@ -41,6 +41,9 @@ func TestInspectTyposAreRefused(t *testing.T) {
 	}{
 		{[]string{"inspect", "foo"}, `unknown command "inspect foo"`},
 		{[]string{"inspect", "deadletter", "--reason", "time-past", "-c", "/nonexistent.yaml"}, `--reason "time-past" is not a dead-letter code (want one of unknown_topic,`},
+		// A filter another table takes says which (found by a walkthrough).
+		{[]string{"inspect", "late", "--seq", "3"}, "inspect late: --seq applies to bronze and outbox only"},
+		{[]string{"inspect", "outbox", "-reason=time_past"}, "inspect outbox: --reason applies to deadletter only"},
 	} {
 		var out, errb bytes.Buffer
 		if code := Run(context.Background(), tc.args, &out, &errb); code != exitUsage || !strings.Contains(errb.String(), tc.want) {

@@ -358,6 +358,10 @@ func inspectCmd(ctx context.Context, e *env, table string, args []string) int {
 	}
 	limit := fs.Int("limit", 100, "at most this many rows")
 	asJSON := fs.Bool("json", false, "print JSON")
+	if msg := filterElsewhere(table, args); msg != "" {
+		e.errorf("inspect %s: %s", table, msg)
+		return exitUsage
+	}
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
@@ -592,4 +596,23 @@ func counted(n int, one, many string) string {
 		return "1 " + one
 	}
 	return fmt.Sprintf("%d %s", n, many)
+}
+
+// filterElsewhere says, for a filter flag in args that another table
+// takes, which tables take it: clearer than the flag package's "flag
+// provided but not defined".
+func filterElsewhere(table string, args []string) string {
+	for _, a := range args {
+		if a == "--" || !strings.HasPrefix(a, "-") {
+			continue
+		}
+		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		switch {
+		case name == "seq" && table != "bronze" && table != "outbox":
+			return "--seq applies to bronze and outbox only"
+		case name == "reason" && table != "deadletter":
+			return "--reason applies to deadletter only"
+		}
+	}
+	return ""
 }

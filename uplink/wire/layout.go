@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"encoding/binary"
 	"slices"
+	"sort"
 	"sync"
 )
 
@@ -26,7 +27,10 @@ func SortAggregates(rows [][]byte) {
 	for _, r := range rows {
 		keyed = append(keyed, aggregateSortKey(r))
 	}
-	slices.SortFunc(keyed, compareSortKeys)
+	// sort.Sort, not slices.SortFunc: a generic sort of a struct type
+	// instantiates about 10 KB of code, and the arm64 binary has little
+	// room under its budget (docs/performance.md, Binary size).
+	sort.Sort(byKey(keyed))
 	for i := range keyed {
 		rows[i] = keyed[i].row
 	}
@@ -49,6 +53,13 @@ type sortKey struct {
 	ok             bool // the row is a map with text metric and device
 	row            []byte
 }
+
+// byKey orders sort keys with compareSortKeys.
+type byKey []sortKey
+
+func (k byKey) Len() int           { return len(k) }
+func (k byKey) Less(i, j int) bool { return compareSortKeys(k[i], k[j]) < 0 }
+func (k byKey) Swap(i, j int)      { k[i], k[j] = k[j], k[i] }
 
 func compareSortKeys(a, b sortKey) int {
 	if a.ok != b.ok {

@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -490,8 +491,18 @@ func (a *Agent) RunOnce(ctx context.Context) error {
 		return err
 	case rows+sealed > 0:
 		st := a.Uplink.Stats()
-		return fmt.Errorf("%w: %d aggregates and alerts in the outbox and %d sealed batches were not acknowledged within %v (link %s, last error %q); they stay in the outbox for the next run",
-			ErrUndelivered, rows, sealed, wait, st.Link, st.LastError)
+		var what []string
+		switch {
+		case sealed == 1:
+			what = append(what, "1 sealed batch")
+		case sealed > 1:
+			what = append(what, fmt.Sprintf("%d sealed batches", sealed))
+		}
+		if rows > 0 {
+			what = append(what, fmt.Sprintf("%d aggregates and alerts not yet sealed", rows))
+		}
+		return fmt.Errorf("%w: %s not acknowledged within %v (link %s, last error %q); they stay in the outbox for the next run",
+			ErrUndelivered, strings.Join(what, " and "), wait, st.Link, st.LastError)
 	}
 	return nil
 }
