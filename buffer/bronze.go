@@ -527,19 +527,34 @@ func (b *Bronze) SkipTo(seq uint64) (bool, error) {
 	return true, nil
 }
 
-// SetRevisionFloor records rev, the highest revision the window stage has
-// committed, to be written with the next append (within a clock tick).
+// SetRevisionFloor durably records rev, the highest revision the window
+// stage is about to commit, when it is above the floor already recorded.
 // The log outlives a damaged or deleted state database, whose own record
 // of it is lost with it: a stage rebuilt from Bronze then continues above
 // the floor (RevisionFloor), so the cloud's keep-the-highest-revision
-// upsert takes the rebuilt windows instead of ignoring them as stale.
-func (b *Bronze) SetRevisionFloor(rev uint32) {
-	for {
-		cur := b.revFloor.Load()
-		if uint64(rev) <= cur || b.revFloor.CompareAndSwap(cur, uint64(rev)) {
-			return
-		}
+// upsert takes the rebuilt windows instead of ignoring them as stale. The
+// stage calls it right after the commit that holds the revision, before
+// anything may read that commit's rows (window.Config.SendGate): with a
+// floor below a revision already sent, the rebuilt windows' revisions
+// would land on keys already sent with other contents. Each window numbers its revisions 1, 2, 3… above the
+// base, so the highest rarely rises: a write now and then, not per batch.
+func (b *Bronze) SetRevisionFloor(rev uint32) error {
+	if uint64(rev) <= b.revFloor.Load() {
+		return nil
 	}
+	if b.closed.Load() {
+		return errors.New("bronze: record the revision floor: the log is closed")
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	err := b.db.Update(func(tx *bolt.Tx) error {
+		return boltkv.PutUint(tx.Bucket(bucketMeta), keyRevs, uint64(rev))
+	})
+	if err != nil {
+		return fmt.Errorf("bronze: record the revision floor %d: %w", rev, err)
+	}
+	b.revFloor.Store(uint64(rev))
+	return nil
 }
 
 // RevisionFloor is the highest revision recorded by SetRevisionFloor.
@@ -649,13 +664,6 @@ func (b *Bronze) trimTx(tx *bolt.Tx, checkpoint uint64, cutoff, over int64, limi
 
 func (b *Bronze) putMeta(tx *bolt.Tx, next uint64, records, bytes int64) error {
 	m := tx.Bucket(bucketMeta)
-	// Written with every commit (it only grows), so a failed commit
-	// leaves nothing to track.
-	if f := b.revFloor.Load(); f > 0 {
-		if err := boltkv.PutUint(m, keyRevs, f); err != nil {
-			return err
-		}
-	}
 	for _, kv := range []struct {
 		k []byte
 		v uint64

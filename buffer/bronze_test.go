@@ -191,3 +191,33 @@ func TestLargeCommitSkipsTheTail(t *testing.T) {
 		t.Fatalf("read from the tail: %v %v", got, err)
 	}
 }
+
+// TestRevisionFloorIsDurableAtOnce: the floor is on disk when
+// SetRevisionFloor returns, with no append after it (the window stage sends
+// rows above the old floor right after), and it never goes down.
+func TestRevisionFloorIsDurableAtOnce(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "bronze.db")
+	b, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rev := range []uint32{3, 7, 5} {
+		if err := b.SetRevisionFloor(rev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SetRevisionFloor(9); err == nil {
+		t.Fatal("a closed log recorded a floor")
+	}
+	b, err = Open(path, Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if got := b.RevisionFloor(); got != 7 {
+		t.Fatalf("reopened floor %d, want 7", got)
+	}
+}

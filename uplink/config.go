@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/edgeagent/edgeagent/internal/secret"
@@ -50,6 +51,12 @@ type Config struct {
 	AckTimeout time.Duration
 	// ReconnectMax caps the exponential reconnect backoff.
 	ReconnectMax time.Duration
+	// OutboxGate, when set, is held for reading while rows are read from
+	// the outbox: the window stage holds it for writing from a commit
+	// that raises the highest revision until Bronze has recorded it, so
+	// no row above Bronze's revision floor is ever sent (see
+	// window.Config.SendGate).
+	OutboxGate *sync.RWMutex
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Clock defaults to time.Now; Rand (uniform in [0,1)) to math/rand.

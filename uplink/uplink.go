@@ -296,11 +296,17 @@ func (u *Uplink) sealLoop(ctx context.Context) {
 		// The last round's rows are no longer used: its batches are built,
 		// its rejected rows copied.
 		u.sealRows.Reset()
+		if g := u.cfg.OutboxGate; g != nil {
+			g.RLock()
+		}
 		err := u.db.View(func(tx *bolt.Tx) error {
 			var err error
 			p, err = u.plan(tx, from, sealPerRound, partial)
 			return err
 		})
+		if g := u.cfg.OutboxGate; g != nil {
+			g.RUnlock()
+		}
 		if err == nil {
 			err = p.build(u)
 		}

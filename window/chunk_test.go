@@ -11,8 +11,6 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-
-	"github.com/edgeagent/edgeagent/buffer"
 )
 
 // withChunkBytes splits the test's checkpoints into transactions of about
@@ -89,7 +87,7 @@ func TestInterruptedCheckpoints(t *testing.T) {
 	errCrash := errors.New("crash between a checkpoint's transactions")
 	for _, restart := range []bool{false, true} {
 		t.Run(fmt.Sprintf("restart=%v", restart), func(t *testing.T) {
-			br, err := buffer.Open(bronzePath, buffer.Options{})
+			br, err := openBronzeCopy(t, bronzePath)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -261,7 +259,7 @@ func TestCutCheckpointsKeepTheCommittedState(t *testing.T) {
 			want := runEvicting(t, bronzePath, filepath.Join(dir, "reference.db"), ref, false)
 
 			withChunkBytes(t, chunk)
-			br, err := buffer.Open(bronzePath, buffer.Options{})
+			br, err := openBronzeCopy(t, bronzePath)
 			if err != nil {
 				t.Fatal(err)
 			}

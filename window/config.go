@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -165,6 +166,14 @@ type Config struct {
 	// has committed, outside the transaction: the uplink's Notify, so the
 	// outbox is read at once instead of at its next poll. It must not block.
 	Committed func()
+	// SendGate, when set, is held for writing from a commit that raises
+	// the highest revision until Bronze has recorded it (the source's
+	// SetRevisionFloor); the uplink and the local publisher hold it for
+	// reading while they read the outbox. So no row above Bronze's floor
+	// is ever sent, and a crash between the two writes changes nothing:
+	// the restart records the state's highest revision before anything
+	// is sent (see raiseToRevisionFloor).
+	SendGate *sync.RWMutex
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Clock defaults to time.Now. It feeds only the wall-clock lag metric

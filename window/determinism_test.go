@@ -30,7 +30,7 @@ func determinismStream(t testing.TB, cfg Config) []buffer.Record {
 // at statePath with the given batch size, in this process.
 func runStage(t *testing.T, bronzePath, statePath string, batch int, noSync bool) []byte {
 	t.Helper()
-	br, err := buffer.Open(bronzePath, buffer.Options{})
+	br, err := openBronzeCopy(t, bronzePath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +51,7 @@ func runStage(t *testing.T, bronzePath, statePath string, batch int, noSync bool
 // after every batch, so every batch boundary is a restart.
 func runStageRestarting(t *testing.T, bronzePath, statePath string, batch int) []byte {
 	t.Helper()
-	br, err := buffer.Open(bronzePath, buffer.Options{})
+	br, err := openBronzeCopy(t, bronzePath)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -63,7 +63,7 @@ func coldIDs(e *engine) int {
 // checkpoint) and after the final Flush (with true).
 func runEvicting(t *testing.T, bronzePath, statePath string, cfg Config, restart bool, check ...func(s *Stage, checkpointed bool)) evictRun {
 	t.Helper()
-	br, err := buffer.Open(bronzePath, buffer.Options{})
+	br, err := openBronzeCopy(t, bronzePath)
 	if err != nil {
 		t.Fatal(err)
 	}

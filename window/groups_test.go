@@ -12,8 +12,6 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-
-	"github.com/edgeagent/edgeagent/buffer"
 )
 
 // toRowPerEntry rewrites the state database's groups in the layout before
@@ -119,7 +117,7 @@ func TestRowLayoutMigrates(t *testing.T) {
 
 	cfg.MaxRecordsPerBatch = 50
 	checkpointEveryBatch(&cfg)
-	br, err := buffer.Open(bronzePath, buffer.Options{})
+	br, err := openBronzeCopy(t, bronzePath)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sort"
 	"testing"
@@ -104,6 +105,23 @@ func tick(at time.Time) buffer.Record {
 
 // writeBronze writes recs to a Bronze log at dir/bronze.db, closes it and
 // returns its path, for runs that each open it again.
+// openBronzeCopy opens a copy of the log at path, for a run of its own:
+// a stage records its revision floor in the log, so a second run with a
+// fresh state database on the same file would be a run after the state
+// was lost, with its revisions above the first run's.
+func openBronzeCopy(t testing.TB, path string) (*buffer.Bronze, error) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := filepath.Join(t.TempDir(), "bronze.db")
+	if err := os.WriteFile(cp, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return buffer.Open(cp, buffer.Options{})
+}
+
 func writeBronze(t testing.TB, dir string, recs []buffer.Record) string {
 	t.Helper()
 	path := filepath.Join(dir, "bronze.db")

@@ -14,7 +14,6 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/edgeagent/edgeagent/buffer"
 	"github.com/edgeagent/edgeagent/uplink/wire"
 )
 
@@ -283,7 +282,7 @@ func (o *randomlyFailingObserver) Emitted(tx *bolt.Tx, a *wire.Aggregate, at int
 // unflushed) between phases.
 func runPhases(t *testing.T, bronzePath, statePath string, phases []Config, until []uint64, flushAt map[uint64]bool, failRate float64) []byte {
 	t.Helper()
-	br, err := buffer.Open(bronzePath, buffer.Options{})
+	br, err := openBronzeCopy(t, bronzePath)
 	if err != nil {
 		t.Fatal(err)
 	}

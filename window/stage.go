@@ -185,7 +185,7 @@ func (s *Stage) recordBehaviour() error {
 // revisionFloor is a Source that keeps the highest committed revision
 // (buffer.Bronze): it outlives a lost or damaged state database.
 type revisionFloor interface {
-	SetRevisionFloor(rev uint32)
+	SetRevisionFloor(rev uint32) error
 	RevisionFloor() uint32
 }
 
@@ -201,8 +201,10 @@ func (s *Stage) raiseToRevisionFloor() error {
 	}
 	floor, e := src.RevisionFloor(), s.eng
 	if floor <= e.highRev {
-		src.SetRevisionFloor(e.highRev) // a Bronze file newer than this state's revisions
-		return nil
+		// A Bronze file newer than this state's revisions, or revisions a
+		// replay wrote with the agent stopped: recorded before the uplink
+		// can send them.
+		return src.SetRevisionFloor(e.highRev)
 	}
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		r := tx.Bucket(bucketRevs)
@@ -443,12 +445,26 @@ func (s *Stage) commit(checkpoint bool) error {
 		// no cycle marks it (see collectAround).
 		runtime.GC()
 	}
+	// A revision above Bronze's floor is recorded there before anything
+	// can read the rows that carry it (see Config.SendGate); retried at
+	// every commit until it succeeds.
+	floor, _ := s.src.(revisionFloor)
+	raise := floor != nil && e.highRev > floor.RevisionFloor()
+	if g := s.cfg.SendGate; raise && g != nil {
+		g.Lock()
+		defer g.Unlock()
+	}
 	var err error
 	if checkpoint {
 		err = s.writeCheckpoint()
 	} else {
 		s.arena.Reset()
 		err = s.db.Update(s.writeOutputs)
+	}
+	if err == nil && raise {
+		if ferr := floor.SetRevisionFloor(e.highRev); ferr != nil {
+			s.log.Error("window: recording the highest revision in Bronze failed; retrying at the next commit", "err", ferr)
+		}
 	}
 	if err != nil {
 		if rerr := s.rollback(); rerr != nil {
@@ -461,9 +477,6 @@ func (s *Stage) commit(checkpoint bool) error {
 	}
 	if deadEvicted == 0 && e.c.DeadEvicted > 0 {
 		s.log.Warn("window: dead-letter table full, evicting oldest rows", "max_rows", s.cfg.MaxDeadLetterRows)
-	}
-	if f, ok := s.src.(revisionFloor); ok && e.revsDirty {
-		f.SetRevisionFloor(e.highRev)
 	}
 	e.resetOutputs()
 	if checkpoint {

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -754,6 +755,10 @@ func TestStaleStageAfterAFailedRollback(t *testing.T) {
 // committed revision; a state database lost (or moved aside when damaged)
 // and rebuilt from Bronze sends every window above it, where the cloud's
 // upsert takes them, not at revision 1, where it would keep the old ones.
+// The floor is durable when the commit that holds the revision is, with
+// no append after it: an audit lost the state after a clean stop, with the
+// floor last written by the append before the revision, and the rebuilt
+// windows went out on keys already sent, with other contents.
 func TestLostStateContinuesAboveBronzesRevisionFloor(t *testing.T) {
 	cfg := testConfig(t)
 	recs := genStream(22, cfg, genOpts{devices: 4, duration: 15 * time.Minute, period: 10 * time.Second, lateRate: 0.1})
@@ -776,8 +781,7 @@ func TestLostStateContinuesAboveBronzesRevisionFloor(t *testing.T) {
 	if got := br.RevisionFloor(); got != high {
 		t.Fatalf("Bronze's floor is %d after the run, want the highest revision %d", got, high)
 	}
-	// One more append writes the floor; a reopened log reads it back.
-	appendAll(t, br, []buffer.Record{tick(t0.Add(time.Hour))})
+	// No append after the run: a reopened log reads the floor back.
 	if err := br.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -801,6 +805,87 @@ func TestLostStateContinuesAboveBronzesRevisionFloor(t *testing.T) {
 			t.Fatalf("rebuilt %s has rev %d, not above Bronze's floor %d", a.Key, a.Rev, high)
 		}
 	}
+	// The rebuilt stage records its own higher revisions before sending
+	// them, for the next loss.
+	if got, want := br.RevisionFloor(), maxRev(rebuilt); got != want {
+		t.Fatalf("Bronze's floor is %d after the rebuild, want its highest revision %d", got, want)
+	}
+}
+
+// floorGate wraps Bronze so a test can hold the stage inside
+// SetRevisionFloor when it raises the floor.
+type floorGate struct {
+	*buffer.Bronze
+	entered chan uint32
+	release chan struct{}
+	once    sync.Once
+}
+
+func (f *floorGate) SetRevisionFloor(rev uint32) error {
+	if rev > f.Bronze.RevisionFloor() {
+		f.once.Do(func() {
+			f.entered <- rev
+			<-f.release
+		})
+	}
+	return f.Bronze.SetRevisionFloor(rev)
+}
+
+// TestRowsAboveTheFloorWaitForIt: a commit that raises the highest
+// revision holds Config.SendGate until Bronze has recorded it, so the
+// uplink, which reads the outbox under the gate, never sends a row above
+// Bronze's floor (a state lost right then would rebuild onto its key).
+func TestRowsAboveTheFloorWaitForIt(t *testing.T) {
+	cfg := testConfig(t)
+	var gate sync.RWMutex
+	cfg.SendGate = &gate
+	br := &floorGate{Bronze: openBronze(t, ""), entered: make(chan uint32), release: make(chan struct{})}
+	appendAll(t, br.Bronze, genStream(23, cfg, genOpts{devices: 2, duration: 10 * time.Minute, period: 10 * time.Second}))
+	db := openDB(t, "", true)
+	s, err := New(db, br, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		for {
+			res, err := s.Step()
+			if err != nil || res.Records == 0 {
+				done <- err
+				return
+			}
+		}
+	}()
+	select {
+	case rev := <-br.entered:
+		if len(decodeOutbox(t, db)) == 0 {
+			t.Fatal("the floor is raised before the rows are committed")
+		}
+		if gate.TryRLock() {
+			t.Fatalf("the outbox can be read while Bronze's floor is %d, below revision %d", br.Bronze.RevisionFloor(), rev)
+		}
+	case err := <-done:
+		t.Fatalf("the stage finished (%v) without raising the floor", err)
+	}
+	close(br.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !gate.TryRLock() {
+		t.Fatal("the gate is still held after the floor was recorded")
+	}
+	gate.RUnlock()
+	if got, want := br.Bronze.RevisionFloor(), maxRev(decodeOutbox(t, db)); got != want {
+		t.Fatalf("Bronze's floor is %d, want the outbox's highest revision %d", got, want)
+	}
+}
+
+func maxRev(aggs []wire.Aggregate) uint32 {
+	var m uint32
+	for _, a := range aggs {
+		m = max(m, a.Rev)
+	}
+	return m
 }
 
 // TestCrashThenChangedSettings: a crash after outputs were written, and a

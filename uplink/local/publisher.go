@@ -53,6 +53,12 @@ type Config struct {
 	// committed in one transaction (default 256); it bounds what a crash
 	// publishes twice.
 	BatchRows int
+	// OutboxGate, when set, is held for reading while rows are read from
+	// the outbox: the window stage holds it for writing from a commit
+	// that raises the highest revision until Bronze has recorded it, so
+	// no row above Bronze's revision floor is ever sent (see
+	// window.Config.SendGate).
+	OutboxGate *sync.RWMutex
 }
 
 // Stats is a snapshot of a Publisher's progress.
@@ -193,6 +199,10 @@ func (p *Publisher) Run(ctx context.Context) error {
 // at the failed row.
 func (p *Publisher) round(ctx context.Context, next *uint64) (int, error) {
 	var rows []outbox.Entry
+	if g := p.cfg.OutboxGate; g != nil {
+		g.RLock()
+		defer g.RUnlock()
+	}
 	err := p.db.View(func(tx *bolt.Tx) error {
 		seq := *next
 		for len(rows) < p.cfg.BatchRows {

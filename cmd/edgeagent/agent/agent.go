@@ -99,6 +99,9 @@ type Agent struct {
 	Alerts    *alert.Engine    // nil without alert rules or local republishing
 	Local     *local.Publisher // nil when nothing is published locally
 	localSink interface{ Close() error }
+	// sendGate keeps the uplink and the local publisher from reading
+	// outbox rows above Bronze's revision floor (window.Config.SendGate).
+	sendGate sync.RWMutex
 
 	// ownsFiles says Close closes Bronze and State (see Detach).
 	ownsFiles bool
@@ -255,6 +258,7 @@ func Open(cfg *config.Config, opts Options) (*Agent, error) {
 			a.Uplink.Notify()
 		}
 	}
+	wcfg.SendGate = &a.sendGate
 	a.Stage, err = window.New(a.State, a.Bronze, wcfg)
 	if err != nil {
 		a.Close()
@@ -271,6 +275,7 @@ func Open(cfg *config.Config, opts Options) (*Agent, error) {
 		a.Close()
 		return nil, err
 	} else if ok {
+		ucfg.OutboxGate = &a.sendGate
 		a.Uplink, err = uplink.New(a.State, ucfg)
 		if err != nil {
 			a.Close()
@@ -661,7 +666,8 @@ func (a *Agent) openAlerts() error {
 		}
 		sink, a.localSink = ps, ps
 	}
-	a.Local, err = local.New(a.State, local.Config{Gateway: cfg.GatewayID, Sink: sink, Logger: a.log.With("component", "local"), Clock: a.opts.Clock})
+	a.Local, err = local.New(a.State, local.Config{Gateway: cfg.GatewayID, Sink: sink, Logger: a.log.With("component", "local"), Clock: a.opts.Clock,
+		OutboxGate: &a.sendGate})
 	if err != nil {
 		return fmt.Errorf("local publisher: %w", err)
 	}
