@@ -8,6 +8,7 @@ import (
 	"path"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/edgeagent/edgeagent/config"
 	"github.com/edgeagent/edgeagent/internal/topic"
@@ -275,22 +276,46 @@ func compileTopic(s, gateway string) outTopic {
 // topicLevel makes a device or metric name one valid topic level: a
 // metric is a payload key, and one holding '+' or '#' made a topic the
 // broker refuses — retried for ever, holding every local message behind
-// it — and one holding '/' added levels. Those bytes, NUL (not allowed in
-// a topic) and '%' (so the escape reads back) are percent-encoded.
+// it — and one holding '/' added levels. Those bytes, '%' (so the escape
+// reads back) and what MQTT lets a broker treat as a malformed packet
+// (mosquitto drops the connection) are percent-encoded, byte by byte:
+// invalid UTF-8, control characters (U+0000–U+001F, U+007F–U+009F) and
+// noncharacters (U+FDD0–U+FDEF, U+FFFE and U+FFFF of every plane).
 func topicLevel(s string) string {
-	if !strings.ContainsAny(s, "/+#%\x00") {
+	var b strings.Builder
+	done := 0 // s[:done] is in b
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if badInTopic(r, n) {
+			b.WriteString(s[done:i])
+			for _, c := range []byte(s[i : i+n]) {
+				fmt.Fprintf(&b, "%%%02X", c)
+			}
+			done = i + n
+		}
+		i += n
+	}
+	if done == 0 {
 		return s
 	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; c {
-		case '/', '+', '#', '%', 0:
-			fmt.Fprintf(&b, "%%%02X", c)
-		default:
-			b.WriteByte(c)
-		}
-	}
+	b.WriteString(s[done:])
 	return b.String()
+}
+
+// badInTopic says whether the rune r, n bytes of a name, must be encoded
+// in a topic level (see topicLevel).
+func badInTopic(r rune, n int) bool {
+	switch {
+	case r == utf8.RuneError && n == 1:
+		return true
+	case r == '/' || r == '+' || r == '#' || r == '%':
+		return true
+	case r < 0x20 || r >= 0x7F && r <= 0x9F:
+		return true
+	case r >= 0xFDD0 && r <= 0xFDEF || r&0xFFFE == 0xFFFE:
+		return true
+	}
+	return false
 }
 
 func (t outTopic) expand(device, metric string) string {

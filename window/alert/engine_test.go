@@ -699,6 +699,13 @@ func TestCompileTopic(t *testing.T) {
 		{"agg/{device}/{metric}", "d", "p+q", "agg/d/p%2Bq"},
 		{"agg/{device}/{metric}", "d", "a/b#", "agg/d/a%2Fb%23"},
 		{"agg/{device}/{metric}", "50%", "x\x00", "agg/50%25/x%00"},
+		// What MQTT lets a broker take for a malformed packet (mosquitto
+		// drops the connection, and the row was retried for ever): control
+		// characters, noncharacters, invalid UTF-8. Other Unicode stays.
+		{"agg/{device}/{metric}", "d", "t\x01\t\x7f", "agg/d/t%01%09%7F"},
+		{"agg/{device}/{metric}", "d", "a\u0085b\u00a0", "agg/d/a%C2%85b\u00a0"},
+		{"agg/{device}/{metric}", "d", "\ufdd0\uffff\U0001fffe\ufffd", "agg/d/%EF%B7%90%EF%BF%BF%F0%9F%BF%BE\ufffd"},
+		{"agg/{device}/{metric}", "d\xff", "°C", "agg/d%FF/°C"},
 	}
 	for _, c := range cases {
 		if got := compileTopic(c.tmpl, "gw1").expand(c.device, c.metric); got != c.want {

@@ -305,6 +305,11 @@ func Warnings(snap *Snapshot, trigger time.Duration) []string {
 	if snap.Ingest.CommitFailing {
 		w = append(w, "Bronze commits failing: "+snap.Ingest.LastCommitError)
 	}
+	// Local messages go out in order: one the broker keeps refusing holds
+	// every alert behind it.
+	if a := snap.Alerts; a != nil && a.LocalLastError != "" {
+		w = append(w, "local publishing failing, retried with backoff (the alerts and aggregates behind it wait): "+a.LocalLastError)
+	}
 	return w
 }
 

@@ -174,6 +174,13 @@ func TestWarnings(t *testing.T) {
 			t.Errorf("warnings lack %q:\n%s", want, w)
 		}
 	}
+	// A local message the broker keeps refusing holds the alerts behind
+	// it (an audit: the status said nothing while they waited).
+	snap.Alerts = &Alerts{LocalLastError: "publish agg/d/t: not connected"}
+	if w := strings.Join(Warnings(&snap, time.Second), "\n"); !strings.Contains(w, "local publishing failing, retried with backoff (the alerts and aggregates behind it wait): publish agg/d/t: not connected") {
+		t.Errorf("no warning for failing local publishes:\n%s", w)
+	}
+	snap.Alerts = nil
 	// A Bronze full of processed records is Bronze keeping history, not a
 	// risk.
 	snap.Bronze.UnprocessedBytes = 1 << 20
