@@ -116,14 +116,43 @@ type device struct {
 	dedupDirty bool
 }
 
-// seriesOf returns the device's series of metric name, or nil.
-func (d *device) seriesOf(name []byte) *series {
+// seriesOf returns the device's series of metric name, or nil. A device
+// past seriesIndexMin series is looked up through a map: a publisher
+// sending new metric names with every reading made each of its readings
+// scan every series it had (an audit: 64,000 series of one device took 25
+// s to process, 1.8 s spread over 1,000 devices).
+func (e *engine) seriesOf(d *device, name []byte) *series {
+	if len(d.series) > seriesIndexMin {
+		idx := e.seriesIdx[d]
+		if idx == nil {
+			idx = make(map[string]*series, len(d.series))
+			for _, s := range d.series {
+				idx[s.name] = s
+			}
+			e.seriesIdx[d] = idx
+		}
+		return idx[string(name)]
+	}
 	for _, s := range d.series {
 		if s.name == string(name) {
 			return s
 		}
 	}
 	return nil
+}
+
+// seriesIndexMin is the number of a device's series from which seriesOf
+// goes through a map (devices usually have a handful).
+const seriesIndexMin = 32
+
+// addSeries makes a series of metric name for d.
+func (e *engine) addSeries(d *device, name []byte) *series {
+	s := &series{dev: d, name: e.internMetric(name)}
+	d.series = append(d.series, s)
+	if idx := e.seriesIdx[d]; idx != nil {
+		idx[s.name] = s
+	}
+	return s
 }
 
 // listOf returns the list d is in.
@@ -226,6 +255,9 @@ type engine struct {
 	// metricNames interns series names: 10,000 devices report the same
 	// few metrics, and each series held its own copy of the name.
 	metricNames map[string]string
+	// seriesIdx indexes the series of devices past seriesIndexMin of them
+	// (see seriesOf).
+	seriesIdx map[*device]map[string]*series
 	active      devList
 	idleList    devList
 	tombstones  map[string]int64 // expired device → its lateness horizon
@@ -322,6 +354,7 @@ func newEngine(cfg *Config) *engine {
 		x:           newExtractor(cfg),
 		devices:     map[string]*device{},
 		metricNames: map[string]string{},
+		seriesIdx:   map[*device]map[string]*series{},
 		tombstones:  map[string]int64{},
 		pending:     map[*window]struct{}{},
 	}
@@ -578,7 +611,7 @@ func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string)
 	accepted := false
 	for _, m := range rd.metrics {
 		name := e.metricName(prefix, m.name)
-		ser := dev.seriesOf(name)
+		ser := e.seriesOf(dev, name)
 		for s := last; s > t-e.sizeMs; s -= e.slideMs {
 			end := s + e.sizeMs
 			if end <= dev.finalBefore {
@@ -590,8 +623,7 @@ func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string)
 				continue
 			}
 			if ser == nil {
-				ser = &series{dev: dev, name: e.internMetric(name)}
-				dev.series = append(dev.series, ser)
+				ser = e.addSeries(dev, name)
 			}
 			w := ser.find(s)
 			if w == nil {
@@ -773,6 +805,8 @@ func (e *engine) pruneDevice(dev *device) {
 		}
 		if len(ws) > 0 || ser.evicted.len() > 0 {
 			kept = append(kept, ser)
+		} else if idx := e.seriesIdx[dev]; idx != nil {
+			delete(idx, ser.name)
 		}
 	}
 	clear(dev.series[len(kept):])
@@ -1041,6 +1075,7 @@ func (e *engine) expire(d *device) {
 	e.listOf(d).remove(d)
 	d.dead = true
 	delete(e.devices, d.name)
+	delete(e.seriesIdx, d)
 	e.delDevs = append(e.delDevs, d.name)
 	if horizon != noTime {
 		e.tombstones[d.name] = horizon

@@ -26,6 +26,9 @@ type genOpts struct {
 	// grid, when set, truncates event times to it, so window boundaries
 	// are hit exactly and first/last ties (same event time) are common.
 	grid time.Duration
+	// metrics, when set, adds one of that many metric names to each
+	// reading: devices then hold many series, made and pruned over time.
+	metrics int
 }
 
 // genStream simulates devices publishing JSON readings, with clock ticks,
@@ -93,6 +96,9 @@ func genStream(seed uint64, cfg Config, o genOpts) []buffer.Record {
 				p = fmt.Sprintf(`{"id":"%s-%d","ts":%d,"temp":%v}`, d.name, d.n, et.UnixMilli(), temp)
 			} else {
 				p = fmt.Sprintf(`{"id":"%s-%d","ts":%d,"temp":%v,"hum":%d}`, d.name, d.n, et.UnixMilli(), temp, rng.IntN(100))
+			}
+			if o.metrics > 0 {
+				p = strings.TrimSuffix(p, "}") + fmt.Sprintf(`,"m%d":%d}`, rng.IntN(o.metrics), rng.IntN(1000))
 			}
 			if offline {
 				d.backlog = append(d.backlog, p)
@@ -293,6 +299,9 @@ func TestAgainstReference(t *testing.T) {
 		{"hopping noisy", hopping, 5, genOpts{devices: 15, duration: 30 * time.Minute, period: 8 * time.Second, dupRate: 0.15, noIDRate: 0.3, lateRate: 0.1}},
 		{"tumbling coarse", tumbling, 6, genOpts{devices: 10, duration: 30 * time.Minute, period: 3 * time.Second, dupRate: 0.1, noIDRate: 0.2, lateRate: 0.1, grid: 5 * time.Second}},
 		{"hopping coarse", hopping, 7, genOpts{devices: 10, duration: 30 * time.Minute, period: 3 * time.Second, dupRate: 0.1, noIDRate: 0.2, lateRate: 0.1, grid: 5 * time.Second}},
+		// Past seriesIndexMin series a device: its series are found
+		// through a map kept as series come and go.
+		{"many metrics", hopping, 8, genOpts{devices: 3, duration: 60 * time.Minute, period: 2 * time.Second, dupRate: 0.1, noIDRate: 0.2, lateRate: 0.05, metrics: 150}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -368,10 +368,9 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 		if d == nil {
 			return fmt.Errorf("%w: window of unknown device %q", ErrCorruptState, en.dev)
 		}
-		ser := d.seriesOf(en.metric)
+		ser := e.seriesOf(d, en.metric)
 		if ser == nil {
-			ser = &series{dev: d, name: e.internMetric(en.metric)}
-			d.series = append(d.series, ser)
+			ser = e.addSeries(d, en.metric)
 		}
 		var w window
 		if err := decodeWindow(en.payload, &w); err != nil {
