@@ -257,19 +257,19 @@ type engine struct {
 	metricNames map[string]string
 	// seriesIdx indexes the series of devices past seriesIndexMin of them
 	// (see seriesOf).
-	seriesIdx map[*device]map[string]*series
-	active      devList
-	idleList    devList
-	tombstones  map[string]int64 // expired device → its lateness horizon
-	pending     map[*window]struct{}
-	clock       int64 // logged clock, unix ns: max received-at seen
-	offset      uint64
-	gen         uint64 // the committed checkpoint's generation (see slotted)
-	revBase     uint32 // revisions start above this (raised by reset and replay)
-	highRev     uint32 // highest revision ever emitted
-	nWindows    int
-	nDedup      int
-	c           counters
+	seriesIdx  map[*device]map[string]*series
+	active     devList
+	idleList   devList
+	tombstones map[string]int64 // expired device → its lateness horizon
+	pending    map[*window]struct{}
+	clock      int64 // logged clock, unix ns: max received-at seen
+	offset     uint64
+	gen        uint64 // the committed checkpoint's generation (see slotted)
+	revBase    uint32 // revisions start above this (raised by reset and replay)
+	highRev    uint32 // highest revision ever emitted
+	nWindows   int
+	nDedup     int
+	c          counters
 	// suppressThrough is the last Bronze sequence whose outputs (outbox,
 	// late and dead-letter rows) are already committed: after a restart
 	// from an older state checkpoint the engine replays those records to
