@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/edgeagent/edgeagent/cmd/edgeagent/status"
 	"github.com/edgeagent/edgeagent/testrig/mqtttest"
 	"github.com/edgeagent/edgeagent/testrig/natstest"
@@ -290,6 +292,51 @@ func TestDamagedDataFiles(t *testing.T) {
 		if err := os.Rename(path, path+".damaged"); err != nil {
 			t.Fatal(err)
 		}
+	}
+	p = startAgent(t, "run", "-c", cfgPath)
+	p.waitLog(t, "embedded broker listening")
+	p.stop(t)
+}
+
+// Window rows bbolt reads but the stage cannot decode stop the agent with
+// exit 3 and reset-state, which rebuilds the window state from Bronze and
+// keeps the outbox (an audit: exit 1, no next step, and systemd restarting
+// it into the same error); after reset-state the agent runs.
+func TestCorruptWindowRows(t *testing.T) {
+	dir := t.TempDir()
+	mqttAddr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+	cfgPath := writeConfig(t, dir, embeddedAgentConfig("corrupt-gw", dir, mqttAddr)+"\nstatus: {listen: \"\"}\n")
+	p := startAgent(t, "run", "-c", cfgPath)
+	p.waitLog(t, "embedded broker listening")
+	pub := mqtttest.NewPublisher(t, "tcp://"+mqttAddr, "press-1")
+	pub.Publish(t, "sensors/press-1/telemetry", 1, fmt.Appendf(nil, `{"id":"1","ts":%d,"v":1}`, time.Now().UnixMilli()))
+	p.stop(t)
+
+	statePath := filepath.Join(dir, "data", "state.db")
+	db, err := bolt.Open(statePath, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists([]byte("window_groups"))
+		if err != nil {
+			return err
+		}
+		return b.Put([]byte{0xff}, []byte("not a group row"))
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(agentBin, "run", "-c", cfgPath).CombinedOutput()
+	if exitCode(err) != exitConfig || !strings.Contains(string(out), "the window state in "+statePath+" is damaged") ||
+		!strings.Contains(string(out), "edgeagent reset-state -c "+cfgPath) {
+		t.Fatalf("run with a corrupt window row: %v, want exit 3 and reset-state\n%s", err, out)
+	}
+	if out, err := exec.Command(agentBin, "reset-state", "-c", cfgPath).CombinedOutput(); err != nil {
+		t.Fatalf("reset-state: %v\n%s", err, out)
 	}
 	p = startAgent(t, "run", "-c", cfgPath)
 	p.waitLog(t, "embedded broker listening")

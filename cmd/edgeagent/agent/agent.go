@@ -265,6 +265,12 @@ func Open(cfg *config.Config, opts Options) (*Agent, error) {
 		if errors.Is(err, window.ErrIncompatibleState) {
 			return nil, &HintError{Err: err, Hint: fmt.Sprintf("the saved window state does not match the config; to rebuild it from Bronze run: edgeagent reset-state -c %s", opts.ConfigPath)}
 		}
+		if errors.Is(err, window.ErrCorruptState) {
+			// Rows bbolt reads and the stage cannot: a restart cannot fix
+			// them either, and reset-state, which keeps the outbox, can.
+			return nil, &HintError{Err: err, Hint: fmt.Sprintf("the window state in %s is damaged; to rebuild it from Bronze, keeping the aggregates not yet uplinked, run: edgeagent reset-state -c %s",
+				filepath.Join(cfg.DataDir, StateFile), opts.ConfigPath)}
+		}
 		return nil, fmt.Errorf("open window stage: %w", err)
 	}
 	if err := a.continueBronze(); err != nil {
