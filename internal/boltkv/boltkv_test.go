@@ -2,6 +2,7 @@ package boltkv
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"os"
 	"path/filepath"
@@ -138,6 +139,78 @@ func TestOpenReportsDamage(t *testing.T) {
 			for _, readOnly := range []bool{false, true} {
 				if _, err := Open(path, 0o600, readOnly); !errors.Is(err, ErrDamaged) {
 					t.Errorf("read-only %v: Open = %v, want ErrDamaged", readOnly, err)
+				}
+			}
+		})
+	}
+}
+
+// TestOpenReportsDamagedElements: a leaf element whose key lies past the
+// file's end (a flipped bit in its offset; an audit found one that made
+// bbolt's own check SIGBUS the agent at a writable open) and keys out of
+// order open as ErrDamaged.
+func TestOpenReportsDamagedElements(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// damage changes page; pastEnd is an element 0 pos that points a
+		// page past the file's end.
+		damage func(page []byte, pastEnd uint32)
+	}{
+		{"key past the end", func(page []byte, pastEnd uint32) {
+			binary.LittleEndian.PutUint32(page[16+4:], pastEnd) // element 0's pos
+		}},
+		{"keys out of order", func(page []byte, _ uint32) {
+			// Element 1's key is element 0's (pos is from the element).
+			pos0, ksize0 := binary.LittleEndian.Uint32(page[16+4:]), binary.LittleEndian.Uint32(page[16+8:])
+			binary.LittleEndian.PutUint32(page[32+4:], pos0-16)
+			binary.LittleEndian.PutUint32(page[32+8:], ksize0)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "kv.db")
+			pageSize := writeLog(t, path)
+			// A leaf page in use (bbolt says which are free).
+			leaf := -1
+			db, err := bolt.Open(path, 0o600, Options(false))
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = db.View(func(tx *bolt.Tx) error {
+				for id := 2; leaf < 0 && id < int(tx.Size())/pageSize; id++ {
+					p, err := tx.Page(id)
+					if err != nil {
+						return err
+					}
+					if p != nil && p.Type == "leaf" && p.Count > 2 {
+						leaf = id
+					}
+				}
+				return nil
+			})
+			if cerr := db.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if leaf < 0 {
+				t.Fatal("no leaf page with several keys")
+			}
+			data, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.damage(data[leaf*pageSize:(leaf+1)*pageSize], uint32(len(data)-(leaf*pageSize+16)+pageSize))
+			if err := os.WriteFile(path, data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			for _, readOnly := range []bool{true, false} {
+				db, err := Open(path, 0o600, readOnly)
+				if !errors.Is(err, ErrDamaged) {
+					t.Errorf("read-only %v: Open = %v, want ErrDamaged", readOnly, err)
+				}
+				if db != nil {
+					db.Close()
 				}
 			}
 		})
