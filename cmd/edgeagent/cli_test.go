@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -53,6 +54,40 @@ func TestInspectTyposAreRefused(t *testing.T) {
 	if err := agent.CheckReason("time_past"); err != nil {
 		t.Errorf("a real code refused: %v", err)
 	}
+}
+
+// The maintenance commands on a data_dir the agent never ran in, or with
+// empty files, say so and what to check (an audit: a bare "no such file",
+// and "bad file descriptor" for an empty file).
+func TestMaintenanceWithoutData(t *testing.T) {
+	dir := t.TempDir()
+	dataDir := filepath.Join(dir, "data")
+	cfg := filepath.Join(dir, "c.yaml")
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, "gateway_id: gw\ndata_dir: %s\nmqtt:\n  broker: tcp://127.0.0.1:1\n  subscriptions: [{topic: \"s/{device}/t\"}]\n", dataDir), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmds := [][]string{{"inspect", "bronze", "-c", cfg}, {"inspect", "late", "-c", cfg}, {"reset-state", "-c", cfg},
+		{"replay", "-c", cfg, "--from", "2026-11-01", "--to", "2026-11-02"}}
+	check := func(want string) {
+		t.Helper()
+		for _, args := range cmds {
+			var out, errb bytes.Buffer
+			if code := Run(context.Background(), args, &out, &errb); code != exitFail || !strings.Contains(errb.String(), want) {
+				t.Errorf("%v: exit %d, stderr %q; want exit %d and %q", args, code, errb.String(), exitFail, want)
+			}
+		}
+	}
+	check("Nothing is stored in " + dataDir + " yet: check data_dir in the config, or start the agent once.")
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"bronze.db", "state.db"} {
+		if err := os.WriteFile(filepath.Join(dataDir, f), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmds = cmds[:2] // reset-state and replay open the files writable, and initialise them
+	check("is empty: nothing is stored in it yet")
 }
 
 // A stage that refuses its settings at start is an invalid config (exit

@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/url"
 	"os"
@@ -482,6 +483,8 @@ func openFailed(e *env, err error, dataDir, file, cmd string) int {
 	case errors.As(agent.Damaged(err, dataDir, file), &hint):
 		e.errorf("%v\n%s", err, hint.Hint)
 		return exitConfig // as run exits: no retry reads a damaged file
+	case errors.Is(err, fs.ErrNotExist):
+		e.errorf("%v. Nothing is stored in %s yet: check data_dir in the config, or start the agent once.", err, dataDir)
 	default:
 		e.errorf("%v", err)
 	}

@@ -71,7 +71,12 @@ var ErrDamaged = errors.New("the file is damaged")
 // SIGBUS, which no recover catches. An empty file is left to bbolt, which
 // initialises it.
 func Open(path string, mode os.FileMode, readOnly bool) (*bolt.DB, error) {
-	if fi, err := os.Stat(path); err == nil && fi.Size() > 0 {
+	fi, err := os.Stat(path)
+	if err == nil && fi.Size() == 0 && readOnly {
+		// bbolt cannot initialise it read-only ("bad file descriptor").
+		return nil, fmt.Errorf("%s is empty: nothing is stored in it yet (the agent initialises it at its start)", path)
+	}
+	if err == nil && fi.Size() > 0 {
 		if err := checkLength(path, fi.Size()); err != nil {
 			return nil, err
 		}
