@@ -432,6 +432,12 @@ func (s *jsonScanner) unexpected() {
 		s.fail("unexpected end of input")
 		return
 	}
+	if c := s.data[s.pos]; c >= 0x80 {
+		// A byte, not a character: %q would show a Latin-1 letter the
+		// payload does not hold (a UTF-8 byte order mark showed as 'ï').
+		s.fail("invalid byte 0x%02X", c)
+		return
+	}
 	s.fail("invalid character %q", s.data[s.pos])
 }
 

@@ -219,6 +219,9 @@ func TestBadInput(t *testing.T) {
 		deadSeqs int
 	}{
 		{"not json", nil, []buffer.Record{msg("sensors/d1/telemetry", `{"ts":`, recv)}, CodeNotJSON, "payload is not JSON: unexpected end", "d1", 1},
+		// A byte order mark: the byte is named, not shown as the Latin-1
+		// letter it is not.
+		{"byte order mark", nil, []buffer.Record{msg("sensors/d1/telemetry", "\ufeff{\"ts\":1}", recv)}, CodeNotJSON, "payload is not JSON: invalid byte 0xEF at offset 0", "d1", 1},
 		{"not an object", nil, []buffer.Record{msg("sensors/d1/telemetry", `[1,2]`, recv)}, CodeNotObject, "payload is not a JSON object", "d1", 1},
 		{"ts missing", nil, []buffer.Record{msg("sensors/d1/telemetry", `{"temp":1}`, recv)}, CodeTimeMissing, "field ts missing", "d1", 1},
 		{"ts is a string", func(c *Config) { c.TimeFormat = TimeUnixMs },
