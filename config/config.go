@@ -158,7 +158,11 @@ type Window struct {
 	IdleTimeout     Duration `yaml:"idle_timeout"`
 	Aggregates      []string `yaml:"aggregates"`
 	MaxDevices      int      `yaml:"max_devices"`
-	DeviceExpiry    Duration `yaml:"device_expiry"`
+	// MaxMetricsPerDevice bounds one device's metrics in state: a device
+	// inventing a metric name with every reading (a key made of a
+	// timestamp) would hold memory without end.
+	MaxMetricsPerDevice int      `yaml:"max_metrics_per_device"`
+	DeviceExpiry        Duration `yaml:"device_expiry"`
 }
 
 // Processing paces the micro-batches from Bronze to the outbox.
@@ -324,14 +328,15 @@ func Default() *Config {
 			// In a file, Slide, IdleTimeout and DeviceExpiry follow the
 			// size unless written (ApplyDerived); these are their values
 			// for the default size.
-			Size:            Duration(time.Minute),
-			Slide:           Duration(time.Minute),
-			WatermarkDelay:  Duration(10 * time.Second),
-			AllowedLateness: Duration(10 * time.Minute),
-			IdleTimeout:     DefaultIdleTimeout,
-			Aggregates:      []string{"count", "sum", "min", "max", "mean", "first", "last"},
-			MaxDevices:      100000,
-			DeviceExpiry:    DefaultDeviceExpiry,
+			Size:                Duration(time.Minute),
+			Slide:               Duration(time.Minute),
+			WatermarkDelay:      Duration(10 * time.Second),
+			AllowedLateness:     Duration(10 * time.Minute),
+			IdleTimeout:         DefaultIdleTimeout,
+			Aggregates:          []string{"count", "sum", "min", "max", "mean", "first", "last"},
+			MaxDevices:          100000,
+			MaxMetricsPerDevice: 1000,
+			DeviceExpiry:        DefaultDeviceExpiry,
 		},
 		Processing: Processing{
 			TriggerInterval:    Duration(time.Second),

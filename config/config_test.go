@@ -80,6 +80,7 @@ func TestDefaults(t *testing.T) {
 		"window.idle_timeout":                  "2m",
 		"window.aggregates":                    "[count sum min max mean first last]",
 		"window.max_devices":                   "100000",
+		"window.max_metrics_per_device":        "1000",
 		"window.device_expiry":                 "24h",
 		"processing.trigger_interval":          "1s",
 		"processing.max_records_per_batch":     "10000",

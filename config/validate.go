@@ -522,6 +522,7 @@ func (v *validator) window() {
 		seen[a] = true
 	}
 	v.atLeast("window.max_devices", w.MaxDevices, 1)
+	v.atLeast("window.max_metrics_per_device", w.MaxMetricsPerDevice, 1)
 	v.positive("window.device_expiry", w.DeviceExpiry)
 	if w.DeviceExpiry > 0 && w.DeviceExpiry <= w.IdleTimeout+w.AllowedLateness {
 		v.add("window.device_expiry", "%s must be longer than window.idle_timeout + window.allowed_lateness (%s), or a device's state is dropped while its windows can still be revised", w.DeviceExpiry, w.IdleTimeout+w.AllowedLateness)

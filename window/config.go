@@ -82,6 +82,7 @@ const (
 	DefaultMaxPastSkew        = 7 * 24 * time.Hour
 	DefaultSize               = time.Minute
 	DefaultMaxDevices         = 10_000
+	DefaultMaxMetrics         = 1_000
 	DefaultDeviceExpiry       = 24 * time.Hour
 	DefaultTriggerInterval    = time.Second
 	DefaultMaxRecordsPerBatch = 10_000
@@ -133,6 +134,10 @@ type Config struct {
 	Aggregates []string
 	// MaxDevices is window.max_devices (default 10,000).
 	MaxDevices int
+	// MaxMetricsPerDevice is window.max_metrics_per_device (default
+	// 1,000): a reading that would give its device more series is
+	// dead-lettered (too_many_metrics).
+	MaxMetricsPerDevice int
 	// DeviceExpiry is window.device_expiry (default 24h; at least IdleTimeout).
 	DeviceExpiry time.Duration
 
@@ -209,6 +214,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxDevices == 0 {
 		c.MaxDevices = DefaultMaxDevices
+	}
+	if c.MaxMetricsPerDevice == 0 {
+		c.MaxMetricsPerDevice = DefaultMaxMetrics
 	}
 	if c.DeviceExpiry == 0 {
 		c.DeviceExpiry = max(DefaultDeviceExpiry, c.IdleTimeout)
@@ -327,8 +335,8 @@ func (c Config) Validate() error {
 		}
 		seen[a] = true
 	}
-	if c.MaxDevices < 0 {
-		return bad("window.max_devices %d is negative", c.MaxDevices)
+	if c.MaxDevices < 0 || c.MaxMetricsPerDevice < 0 {
+		return bad("window.max_devices %d or window.max_metrics_per_device %d is negative", c.MaxDevices, c.MaxMetricsPerDevice)
 	}
 	if c.DeviceExpiry < c.IdleTimeout {
 		return bad("window.device_expiry %v is shorter than window.idle_timeout %v", c.DeviceExpiry, c.IdleTimeout)
@@ -433,6 +441,10 @@ func (c Config) behaviour() []byte {
 		{"window.max_devices", strconv.Itoa(c.MaxDevices)},
 		{"window.device_expiry", c.DeviceExpiry.String()},
 		{"processing.trigger_interval", c.TriggerInterval.String()},
+	}
+	if c.MaxMetricsPerDevice != DefaultMaxMetrics {
+		// Only when set: states saved before the key existed match.
+		items = append(items, fingerprintItem{"window.max_metrics_per_device", strconv.Itoa(c.MaxMetricsPerDevice)})
 	}
 	for _, s := range c.Subscriptions {
 		items = append(items, fingerprintItem{"subscription " + s.Template.String(), s.Format})

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/edgeagent/edgeagent/buffer"
@@ -529,6 +530,18 @@ func (e *engine) message(r *buffer.Record) {
 			return
 		}
 		dev = e.newDevice(devName)
+	}
+	if n := len(dev.series); n+len(e.rd.metrics) > e.cfg.MaxMetricsPerDevice {
+		for _, m := range e.rd.metrics {
+			if e.seriesOf(dev, e.metricName(prefix, m.name)) == nil {
+				n++
+			}
+		}
+		if n > e.cfg.MaxMetricsPerDevice {
+			e.dead(r, devName, CodeTooManyMetrics, "window.max_metrics_per_device reached: the device holds "+
+				strconv.Itoa(len(dev.series))+" metrics in state, and the reading adds "+strconv.Itoa(n-len(dev.series)))
+			return
+		}
 	}
 	e.addReading(dev, r.Seq, &e.rd, prefix)
 }

@@ -349,3 +349,37 @@ func manyDropped(n int) string {
 	}
 	return b.String()
 }
+
+// TestMaxMetricsPerDevice: a reading that would give its device more
+// series than window.max_metrics_per_device is dead-lettered whole
+// (too_many_metrics); readings of the metrics it holds go on, and once its
+// windows are final and pruned a new metric is taken.
+func TestMaxMetricsPerDevice(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.MaxMetricsPerDevice = 3
+	p := newStepper(t, cfg)
+	at := func(sec int) time.Time { return t0.Add(time.Duration(sec) * time.Second) }
+	reading := func(sec int, id, metrics string) buffer.Record {
+		return msg("sensors/d1/telemetry", fmt.Sprintf(`{"id":%q,"ts":%d,%s}`, id, at(sec).UnixMilli(), metrics), at(sec))
+	}
+	p.feed(reading(1, "1", `"a":1,"b":2`), reading(2, "2", `"c":3`))
+	p.feed(reading(3, "3", `"a":4,"d":5`), reading(4, "4", `"a":6,"b":7,"c":8`))
+	dead := readDead(t, p.db)
+	if len(dead) != 1 || dead[0].Code != CodeTooManyMetrics || dead[0].Seq != 3 ||
+		!strings.Contains(dead[0].Reason, "window.max_metrics_per_device reached: the device holds 3 metrics in state, and the reading adds 1") {
+		t.Fatalf("dead letters %+v, want reading 3 as too_many_metrics", dead)
+	}
+	// A reading past the window, its delay and lateness prunes the three
+	// series; then d is a metric like any other.
+	aggs := p.feed(reading(200, "5", `"a":9`), reading(201, "6", `"d":9`), tick(at(400)))
+	var metrics []string
+	for _, a := range aggs {
+		metrics = append(metrics, fmt.Sprintf("%s@%d:%d", a.Metric, (a.Start-t0.UnixMilli())/1000, a.Count))
+	}
+	if got := strings.Join(metrics, " "); !strings.Contains(got, "d@180:1") || !strings.Contains(got, "a@0:2") || !strings.Contains(got, "a@180:1") {
+		t.Fatalf("aggregates %s, want a's first window with readings 1 and 4, and d's later one", got)
+	}
+	if n := len(readDead(t, p.db)); n != 1 {
+		t.Fatalf("%d dead letters after the series were pruned, want 1", n)
+	}
+}
