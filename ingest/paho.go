@@ -68,6 +68,9 @@ func (p *pahoSource) start(ctx context.Context) error {
 		SetAutoAckDisabled(true).
 		SetOrderMatters(true). // one handler at a time, in arrival order
 		SetKeepAlive(cfg.KeepAlive).
+		// A dead link shows after keep_alive plus this: paho's fixed 10 s
+		// hid a 6 s blackhole from an agent with keep_alive 2s.
+		SetPingTimeout(min(max(cfg.KeepAlive/2, time.Second), 10*time.Second)).
 		SetConnectTimeout(cfg.ConnectTimeout).
 		SetAutoReconnect(true).
 		SetConnectRetry(true).
