@@ -79,6 +79,10 @@ type Embedded struct {
 	// every connection, devices included, so it sets a floor on memory
 	// per connected device.
 	MaxPendingWrites int `yaml:"max_pending_writes"`
+	// SessionExpiry is how long the broker keeps a disconnected client's
+	// persistent session: kept for ever (mochi's default), one per client
+	// id that ever connected, sessions grew memory without end.
+	SessionExpiry Duration `yaml:"session_expiry"`
 }
 
 // Subscription is one topic template the agent subscribes to.
@@ -298,7 +302,7 @@ func Default() *Config {
 		Log:     Log{Format: "text", Level: "info"},
 		MQTT: MQTT{
 			Broker:               "tcp://127.0.0.1:1883",
-			Embedded:             Embedded{Listen: "127.0.0.1:1883", MaxPendingWrites: 256},
+			Embedded:             Embedded{Listen: "127.0.0.1:1883", MaxPendingWrites: 256, SessionExpiry: Duration(time.Hour)},
 			KeepAlive:            Duration(30 * time.Second),
 			ConnectTimeout:       Duration(10 * time.Second),
 			ReconnectMaxInterval: Duration(30 * time.Second),

@@ -47,6 +47,7 @@ func TestDefaults(t *testing.T) {
 		"mqtt.broker":                          "tcp://127.0.0.1:1883",
 		"mqtt.embedded.listen":                 "127.0.0.1:1883",
 		"mqtt.embedded.max_pending_writes":     "256",
+		"mqtt.embedded.session_expiry":         "1h",
 		"mqtt.client_id":                       "",
 		"mqtt.username":                        "",
 		"mqtt.password":                        "",

@@ -165,6 +165,7 @@ func (v *validator) mqtt() {
 		}
 	}
 	v.atLeast("mqtt.embedded.max_pending_writes", m.Embedded.MaxPendingWrites, 1)
+	v.positive("mqtt.embedded.session_expiry", m.Embedded.SessionExpiry)
 	if m.Embedded.Listen != "" {
 		v.hostPort("mqtt.embedded.listen", m.Embedded.Listen, "127.0.0.1:1883")
 	}

@@ -50,6 +50,11 @@ func (e *embedded) start(ctx context.Context) error {
 	}
 	caps := mochi.NewDefaultServerCapabilities()
 	caps.MaximumClientWritesPending = int32(cfg.EmbeddedMaxPendingWrites)
+	if cfg.EmbeddedSessionExpiry > 0 {
+		// mochi keeps sessions for ever by default: memory for every
+		// client id that ever connected with a persistent session.
+		caps.MaximumSessionExpiryInterval = uint32(min(cfg.EmbeddedSessionExpiry/time.Second, math.MaxUint32))
+	}
 	if cfg.MaxPayloadBytes > 0 {
 		// mochi reads a packet whole before any hook sees it: bound it, or
 		// one huge publish costs its size in memory. A payload up to

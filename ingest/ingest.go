@@ -51,14 +51,18 @@ type Config struct {
 	// built-in broker's queue of messages to write to one client (default
 	// 256). mochi's default, 8,192, reserves 64 KiB on every connection.
 	EmbeddedMaxPendingWrites int
-	ClientID                 string
-	Username                 string
-	Password                 string
-	TLS                      *tls.Config
-	KeepAlive                time.Duration
-	ConnectTimeout           time.Duration
-	ReconnectMax             time.Duration
-	Subscriptions            []Subscription
+	// EmbeddedSessionExpiry is mqtt.embedded.session_expiry: how long the
+	// built-in broker keeps a disconnected client's session (default 1h;
+	// also the most an MQTT 5 client may ask for).
+	EmbeddedSessionExpiry time.Duration
+	ClientID              string
+	Username              string
+	Password              string
+	TLS                   *tls.Config
+	KeepAlive             time.Duration
+	ConnectTimeout        time.Duration
+	ReconnectMax          time.Duration
+	Subscriptions         []Subscription
 	// SessionFile, when set, records the broker and client id of the last
 	// connection that subscribed: a first connect to the same broker under
 	// the same id without a saved session is a lost session, not a first

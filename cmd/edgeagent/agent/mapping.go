@@ -88,6 +88,7 @@ func ingestConfig(cfg *config.Config, log *slog.Logger, clock func() time.Time) 
 	}
 	if cfg.MQTT.Broker == "embedded" {
 		ic.Broker, ic.Embedded, ic.EmbeddedMaxPendingWrites = "", cfg.MQTT.Embedded.Listen, cfg.MQTT.Embedded.MaxPendingWrites
+		ic.EmbeddedSessionExpiry = time.Duration(cfg.MQTT.Embedded.SessionExpiry)
 	}
 	return ic, nil
 }
