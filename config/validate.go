@@ -165,7 +165,9 @@ func (v *validator) mqtt() {
 		}
 	}
 	v.atLeast("mqtt.embedded.max_pending_writes", m.Embedded.MaxPendingWrites, 1)
-	v.positive("mqtt.embedded.session_expiry", m.Embedded.SessionExpiry)
+	if d := m.Embedded.SessionExpiry; d < Duration(time.Second) {
+		v.add("mqtt.embedded.session_expiry", "%s is under 1s (the broker counts whole seconds)", d)
+	}
 	if m.Embedded.Listen != "" {
 		v.hostPort("mqtt.embedded.listen", m.Embedded.Listen, "127.0.0.1:1883")
 	}

@@ -53,7 +53,7 @@ func (e *embedded) start(ctx context.Context) error {
 	if cfg.EmbeddedSessionExpiry > 0 {
 		// mochi keeps sessions for ever by default: memory for every
 		// client id that ever connected with a persistent session.
-		caps.MaximumSessionExpiryInterval = uint32(min(cfg.EmbeddedSessionExpiry/time.Second, math.MaxUint32))
+		caps.MaximumSessionExpiryInterval = uint32(min(max(cfg.EmbeddedSessionExpiry/time.Second, 1), math.MaxUint32))
 	}
 	if cfg.MaxPayloadBytes > 0 {
 		// mochi reads a packet whole before any hook sees it: bound it, or
@@ -315,7 +315,16 @@ type ingestHook struct {
 func (h *ingestHook) ID() string { return "edgeagent-ingest" }
 
 func (h *ingestHook) Provides(b byte) bool {
-	return b == mochi.OnPublish || b == mochi.OnPublishDropped || b == mochi.OnDisconnect
+	return b == mochi.OnPublish || b == mochi.OnPublishDropped || b == mochi.OnDisconnect || b == mochi.OnClientExpired
+}
+
+// OnClientExpired drops an expired session's subscriptions: mochi deletes
+// the session but leaves its filters in the topic index, where they hold
+// memory and deliver to a later client of the same id.
+func (h *ingestHook) OnClientExpired(cl *mochi.Client) {
+	if e, ok := h.in.src.(*embedded); ok {
+		e.srv.UnsubscribeClient(cl)
+	}
 }
 
 // OnDisconnect forgets the connection's acknowledgement state; what is

@@ -567,4 +567,8 @@ func TestEmbeddedSessionsExpire(t *testing.T) {
 		t.Fatal("no session for the persistent client right after it left")
 	}
 	mqtttest.WaitFor(t, 10*time.Second, "the disconnected session expired", func() bool { return !session() })
+	// Its subscriptions go with it (mochi leaves them in the topic index).
+	if subs := srv.Topics.Subscribers("alerts/x").Subscriptions; len(subs) != 0 {
+		t.Fatalf("the expired session's subscriptions stay: %v", subs)
+	}
 }

@@ -69,8 +69,10 @@ func (p *pahoSource) start(ctx context.Context) error {
 		SetOrderMatters(true). // one handler at a time, in arrival order
 		SetKeepAlive(cfg.KeepAlive).
 		// A dead link shows after keep_alive plus this: paho's fixed 10 s
-		// hid a 6 s blackhole from an agent with keep_alive 2s.
-		SetPingTimeout(min(max(cfg.KeepAlive/2, time.Second), 10*time.Second)).
+		// hid a 6 s blackhole from an agent with keep_alive 2s. Not below
+		// 5 s: PINGRESP queues behind PUBLISHes the reader holds while
+		// Bronze is slow (an SD card's fsync stall).
+		SetPingTimeout(min(max(cfg.KeepAlive/2, 5*time.Second), 10*time.Second)).
 		SetConnectTimeout(cfg.ConnectTimeout).
 		SetAutoReconnect(true).
 		SetConnectRetry(true).

@@ -524,26 +524,40 @@ func (e *engine) message(r *buffer.Record) {
 		return
 	}
 	dev := e.devices[devName]
+	if dev == nil && len(e.devices) >= e.cfg.MaxDevices {
+		e.dead(r, devName, CodeTooManyDevices, "window.max_devices reached, device not tracked")
+		return
+	}
+	// Checked before a new device is made: one refused here must leave no
+	// trace in the state, or a restart would not rebuild the same one.
+	if held, adds := e.newMetrics(dev, prefix); adds > 0 && held+adds > e.cfg.MaxMetricsPerDevice {
+		e.dead(r, devName, CodeTooManyMetrics, "window.max_metrics_per_device reached: the device holds "+
+			strconv.Itoa(held)+" metrics in state, and the reading adds "+strconv.Itoa(adds))
+		return
+	}
 	if dev == nil {
-		if len(e.devices) >= e.cfg.MaxDevices {
-			e.dead(r, devName, CodeTooManyDevices, "window.max_devices reached, device not tracked")
-			return
-		}
 		dev = e.newDevice(devName)
 	}
-	if n := len(dev.series); n+len(e.rd.metrics) > e.cfg.MaxMetricsPerDevice {
-		for _, m := range e.rd.metrics {
-			if e.seriesOf(dev, e.metricName(prefix, m.name)) == nil {
-				n++
-			}
-		}
-		if n > e.cfg.MaxMetricsPerDevice {
-			e.dead(r, devName, CodeTooManyMetrics, "window.max_metrics_per_device reached: the device holds "+
-				strconv.Itoa(len(dev.series))+" metrics in state, and the reading adds "+strconv.Itoa(n-len(dev.series)))
-			return
+	e.addReading(dev, r.Seq, &e.rd, prefix)
+}
+
+// newMetrics returns how many series dev (nil: a new device) holds and, if
+// the reading could take it past window.max_metrics_per_device, how many
+// of its metrics it has no series for.
+func (e *engine) newMetrics(dev *device, prefix string) (held, adds int) {
+	if dev == nil {
+		return 0, len(e.rd.metrics)
+	}
+	held = len(dev.series)
+	if held+len(e.rd.metrics) <= e.cfg.MaxMetricsPerDevice {
+		return held, 0
+	}
+	for _, m := range e.rd.metrics {
+		if e.seriesOf(dev, e.metricName(prefix, m.name)) == nil {
+			adds++
 		}
 	}
-	e.addReading(dev, r.Seq, &e.rd, prefix)
+	return held, adds
 }
 
 // metricName is the series name of metric m under the topic prefix; it

@@ -382,4 +382,27 @@ func TestMaxMetricsPerDevice(t *testing.T) {
 	if n := len(readDead(t, p.db)); n != 1 {
 		t.Fatalf("%d dead letters after the series were pruned, want 1", n)
 	}
+	// A new device whose first reading is over the bound is refused
+	// before it exists: nothing of it is in the state to differ after a
+	// restart (a review).
+	p.feed(msg("sensors/d2/telemetry", fmt.Sprintf(`{"id":"x","ts":%d,"a":1,"b":2,"c":3,"d":4}`, at(402).UnixMilli()), at(402)))
+	if _, ok := p.s.eng.devices["d2"]; ok || len(readDead(t, p.db)) != 2 {
+		t.Fatalf("d2 tracked (%v) or not dead-lettered: %+v", ok, readDead(t, p.db))
+	}
+	// A bound lowered below what a device holds refuses new metrics only:
+	// the ones it has go on (a review: every reading was refused).
+	p.feed(reading(403, "7", `"a":1,"b":2`))
+	if err := p.s.Checkpoint(); err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxMetricsPerDevice = 1
+	s, err := New(p.db, p.br, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.s = s
+	p.feed(reading(404, "8", `"a":2`), reading(405, "9", `"b":3,"a":4`), reading(406, "10", `"e":3`))
+	if dead := readDead(t, p.db); len(dead) != 3 || dead[2].Seq != p.br.LastSeq() {
+		t.Fatalf("dead letters %+v, want only the reading of a new metric e", dead)
+	}
 }

@@ -156,7 +156,13 @@ func Replay(db *bolt.DB, src Source, cfg Config, from, to time.Time) (int, error
 		if err := createBuckets(tx); err != nil {
 			return err
 		}
-		rev = uint32(getU64(tx.Bucket(bucketRevs), keyHighRev)) + 1
+		rev = uint32(getU64(tx.Bucket(bucketRevs), keyHighRev))
+		if f, ok := src.(revisionFloor); ok {
+			// A state.db lost and not yet rebuilt knows fewer revisions
+			// than were sent (see raiseToRevisionFloor).
+			rev = max(rev, f.RevisionFloor())
+		}
+		rev++
 		return nil
 	})
 	if err != nil {

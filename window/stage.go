@@ -49,8 +49,12 @@ type Stage struct {
 	// arena holds the values of the write transaction in progress (outbox,
 	// late and dead-letter rows, a checkpoint's rows); it is reset when
 	// one begins.
-	arena     boltkv.Arena
-	capLogged bool // the device cap was hit and logged; cleared by a batch without
+	arena boltkv.Arena
+	// gateHeld: the stage holds Config.SendGate because a committed
+	// revision is above Bronze's floor and not yet recorded there (see
+	// recordFloor); floorFailing: recording it failed, and was logged.
+	gateHeld, floorFailing bool
+	capLogged              bool // the device cap was hit and logged; cleared by a batch without
 
 	statsMu sync.Mutex
 	stats   Stats
@@ -222,6 +226,31 @@ func (s *Stage) raiseToRevisionFloor() error {
 	return nil
 }
 
+// recordFloor writes the highest committed revision to Bronze when it is
+// above Bronze's floor, then opens Config.SendGate. While the write fails
+// the gate stays shut, so the rows above the floor wait; every Step
+// retries.
+func (s *Stage) recordFloor() {
+	if floor, ok := s.src.(revisionFloor); ok && s.eng.highRev > floor.RevisionFloor() {
+		if err := floor.SetRevisionFloor(s.eng.highRev); err != nil {
+			if !s.floorFailing {
+				s.log.Error("window: recording the highest revision in Bronze failed; the uplink waits, retried at every batch", "err", err)
+			}
+			s.floorFailing = true
+			return
+		}
+	}
+	s.floorFailing = false
+	s.releaseGate()
+}
+
+func (s *Stage) releaseGate() {
+	if s.gateHeld {
+		s.cfg.SendGate.Unlock()
+		s.gateHeld = false
+	}
+}
+
 // rollback drops the in-memory effects of a failed batch by reloading the
 // state from the last checkpoint; if that fails too, the stage is stale
 // until fresh succeeds.
@@ -321,6 +350,9 @@ func (s *Stage) Step() (StepResult, error) {
 	defer s.mu.Unlock()
 	if err := s.fresh(); err != nil {
 		return StepResult{}, err
+	}
+	if s.gateHeld {
+		s.recordFloor()
 	}
 	start := s.cfg.Clock()
 	res := StepResult{Offset: s.eng.offset}
@@ -446,14 +478,12 @@ func (s *Stage) commit(checkpoint bool) error {
 		runtime.GC()
 	}
 	// A revision above Bronze's floor is recorded there before anything
-	// can read the rows that carry it (see Config.SendGate); retried at
-	// every commit until it succeeds.
-	floor, _ := s.src.(revisionFloor)
-	raise := floor != nil && e.highRev > floor.RevisionFloor()
-	if g := s.cfg.SendGate; raise && g != nil {
-		g.Lock()
-		defer g.Unlock()
+	// can read the rows that carry it (see Config.SendGate, recordFloor).
+	if floor, ok := s.src.(revisionFloor); ok && !s.gateHeld && s.cfg.SendGate != nil && e.highRev > floor.RevisionFloor() {
+		s.cfg.SendGate.Lock()
+		s.gateHeld = true
 	}
+	defer s.recordFloor() // after a rollback too: e.highRev is then the committed one
 	var err error
 	if checkpoint {
 		err = s.writeCheckpoint()
@@ -461,11 +491,7 @@ func (s *Stage) commit(checkpoint bool) error {
 		s.arena.Reset()
 		err = s.db.Update(s.writeOutputs)
 	}
-	if err == nil && raise {
-		if ferr := floor.SetRevisionFloor(e.highRev); ferr != nil {
-			s.log.Error("window: recording the highest revision in Bronze failed; retrying at the next commit", "err", ferr)
-		}
-	}
+
 	if err != nil {
 		if rerr := s.rollback(); rerr != nil {
 			return fmt.Errorf("commit window batch: %w (and %v)", err, rerr)
@@ -661,7 +687,13 @@ func (s *Stage) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			return s.Checkpoint()
+			err := s.Checkpoint()
+			// Stopping: the uplink must not wait on the gate to stop. A
+			// restart records the floor before anything is sent.
+			s.mu.Lock()
+			s.releaseGate()
+			s.mu.Unlock()
+			return err
 		case <-t.C:
 		}
 		var err error

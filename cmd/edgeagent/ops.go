@@ -606,7 +606,10 @@ func counted(n int, one, many string) string {
 // provided but not defined".
 func filterElsewhere(table string, args []string) string {
 	for _, a := range args {
-		if a == "--" || !strings.HasPrefix(a, "-") {
+		if a == "--" {
+			break // what follows is not flags
+		}
+		if !strings.HasPrefix(a, "-") {
 			continue
 		}
 		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")

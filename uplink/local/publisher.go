@@ -199,9 +199,10 @@ func (p *Publisher) Run(ctx context.Context) error {
 // at the failed row.
 func (p *Publisher) round(ctx context.Context, next *uint64) (int, error) {
 	var rows []outbox.Entry
+	// The gate is held for the read only, not the publishes: a slow local
+	// broker would otherwise hold up the window stage's next raise.
 	if g := p.cfg.OutboxGate; g != nil {
 		g.RLock()
-		defer g.RUnlock()
 	}
 	err := p.db.View(func(tx *bolt.Tx) error {
 		seq := *next
@@ -229,6 +230,9 @@ func (p *Publisher) round(ctx context.Context, next *uint64) (int, error) {
 		}
 		return nil
 	})
+	if g := p.cfg.OutboxGate; g != nil {
+		g.RUnlock()
+	}
 	if err != nil {
 		return 0, fmt.Errorf("local: %w", err)
 	}
