@@ -174,11 +174,17 @@ func walk(path string) (err error) {
 type walker struct{ last byte }
 
 func (w *walker) bucket(b *bolt.Bucket) error {
-	c := b.Cursor()
+	c, search := b.Cursor(), b.Cursor()
 	var prev []byte
 	for k, v := c.First(); k != nil; k, v = c.Next() {
 		if prev != nil && bytes.Compare(prev, k) >= 0 {
 			return fmt.Errorf("%w: keys out of order in a bucket", ErrDamaged)
+		}
+		// Iteration reads no branch page's keys; a search compares those
+		// on its path, and a branch key is the first key of its child, so
+		// seeking every key reads every one of them.
+		if found, _ := search.Seek(k); !bytes.Equal(found, k) {
+			return fmt.Errorf("%w: a key its bucket's search does not find", ErrDamaged)
 		}
 		prev = k
 		w.last ^= k[len(k)-1]

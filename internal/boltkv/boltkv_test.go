@@ -159,6 +159,7 @@ func TestOpenReportsDamagedElements(t *testing.T) {
 		{"key past the end", func(page []byte, pastEnd uint32) {
 			binary.LittleEndian.PutUint32(page[16+4:], pastEnd) // element 0's pos
 		}},
+		{"branch key past the end", nil},
 		{"keys out of order", func(page []byte, _ uint32) {
 			// Element 1's key is element 0's (pos is from the element).
 			pos0, ksize0 := binary.LittleEndian.Uint32(page[16+4:]), binary.LittleEndian.Uint32(page[16+8:])
@@ -181,7 +182,11 @@ func TestOpenReportsDamagedElements(t *testing.T) {
 					if err != nil {
 						return err
 					}
-					if p != nil && p.Type == "leaf" && p.Count > 2 {
+					want := "leaf"
+					if tc.damage == nil {
+						want = "branch"
+					}
+					if p != nil && p.Type == want && p.Count > 2 {
 						leaf = id
 					}
 				}
@@ -200,7 +205,13 @@ func TestOpenReportsDamagedElements(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			tc.damage(data[leaf*pageSize:(leaf+1)*pageSize], uint32(len(data)-(leaf*pageSize+16)+pageSize))
+			pastEnd := uint32(len(data) - (leaf*pageSize + 16) + pageSize)
+			if tc.damage == nil {
+				// A branch element: pos, ksize, pgid; its key past the end.
+				binary.LittleEndian.PutUint32(data[leaf*pageSize+16:], pastEnd)
+			} else {
+				tc.damage(data[leaf*pageSize:(leaf+1)*pageSize], pastEnd)
+			}
 			if err := os.WriteFile(path, data, 0o600); err != nil {
 				t.Fatal(err)
 			}
