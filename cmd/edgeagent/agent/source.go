@@ -109,6 +109,7 @@ func (s *statusSource) Snapshot() status.Snapshot {
 		PendingRevisions:       ws.PendingRevisions,
 		DedupEntries:           ws.DedupEntries,
 		Devices:                ws.Devices,
+		Tombstones:             ws.Tombstones,
 		StateBytes:             ws.StateBytes,
 		LateTotal:              ws.Late,
 		DuplicatesTotal:        ws.Duplicates,

@@ -85,24 +85,28 @@ type Bronze struct {
 
 // Window is the window stage.
 type Window struct {
-	ProcessedTotal         uint64            `json:"processed_total"`
-	ReadingsTotal          uint64            `json:"readings_total"`
-	BatchesTotal           uint64            `json:"batches_total"`
-	LastBatchSeconds       float64           `json:"last_batch_seconds"`
-	LastBatchRecords       int               `json:"last_batch_records"`
-	TriggerIntervalSeconds float64           `json:"trigger_interval_seconds"`
-	EmittedTotal           uint64            `json:"emitted_total"`
-	RevisionsTotal         uint64            `json:"revisions_total"`
-	OpenWindows            int               `json:"open_windows"`
-	EvictedWindows         int               `json:"evicted_windows"`
-	PendingRevisions       int               `json:"pending_revisions"`
-	DedupEntries           int               `json:"dedup_entries"`
-	Devices                int               `json:"devices"`
-	StateBytes             int64             `json:"state_bytes"`
-	LateTotal              uint64            `json:"late_total"`
-	DuplicatesTotal        uint64            `json:"duplicates_total"`
-	DeadLettersTotal       uint64            `json:"dead_letters_total"`
-	DeadLettersByReason    map[string]uint64 `json:"dead_letters_by_reason"`
+	ProcessedTotal         uint64  `json:"processed_total"`
+	ReadingsTotal          uint64  `json:"readings_total"`
+	BatchesTotal           uint64  `json:"batches_total"`
+	LastBatchSeconds       float64 `json:"last_batch_seconds"`
+	LastBatchRecords       int     `json:"last_batch_records"`
+	TriggerIntervalSeconds float64 `json:"trigger_interval_seconds"`
+	EmittedTotal           uint64  `json:"emitted_total"`
+	RevisionsTotal         uint64  `json:"revisions_total"`
+	OpenWindows            int     `json:"open_windows"`
+	EvictedWindows         int     `json:"evicted_windows"`
+	PendingRevisions       int     `json:"pending_revisions"`
+	DedupEntries           int     `json:"dedup_entries"`
+	Devices                int     `json:"devices"`
+	// Tombstones are expired devices' lateness horizons, kept for
+	// readings.max_past_skew: a fleet that keeps inventing device names
+	// grows them (64 bytes each) though no device has state.
+	Tombstones          int               `json:"tombstones"`
+	StateBytes          int64             `json:"state_bytes"`
+	LateTotal           uint64            `json:"late_total"`
+	DuplicatesTotal     uint64            `json:"duplicates_total"`
+	DeadLettersTotal    uint64            `json:"dead_letters_total"`
+	DeadLettersByReason map[string]uint64 `json:"dead_letters_by_reason"`
 	// The late and dead-letter tables are bounded: the oldest rows past
 	// the bound are evicted, counted here. DevicesExpired counts devices
 	// whose state was dropped after window.device_expiry.

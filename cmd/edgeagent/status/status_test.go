@@ -55,7 +55,7 @@ func sampleSnapshot() Snapshot {
 		Ingest: Ingest{Broker: "tcp://127.0.0.1:1883", Connected: true, ReceivedTotal: 12345, Rejected: map[string]uint64{"payload_too_large": 2}, BrokerDropped: 6},
 		Bronze: Bronze{Records: 5000, Bytes: 900 << 20, MaxBytes: 1 << 30, BacklogRecords: 4321, UnprocessedBytes: 880 << 20},
 		Window: Window{LoggedClock: time.Date(2026, 11, 29, 12, 0, 1, 500e6, time.UTC), LatestEventTime: time.Date(2026, 11, 29, 11, 59, 59, 0, time.UTC), ProcessedTotal: 8024, OpenWindows: 40000, EvictedWindows: 36000, LagSeconds: 2.5, LastBatchSeconds: 1.5, TriggerIntervalSeconds: 1,
-			DeadLettersTotal: 3, DeadLettersByReason: map[string]uint64{"not_json": 3}, LateTotal: 7, DuplicatesTotal: 11},
+			DeadLettersTotal: 3, DeadLettersByReason: map[string]uint64{"not_json": 3}, LateTotal: 7, DuplicatesTotal: 11, Tombstones: 24500},
 		Outbox: Outbox{Rows: 77, Bytes: 250 << 20, MaxBytes: 256 << 20, OldestAge: 30},
 		Uplink: Uplink{Transport: "nats", State: "down", Since: time.Date(2026, 11, 29, 11, 59, 58, 0, time.UTC),
 			DownSince: time.Date(2026, 11, 29, 11, 0, 0, 0, time.UTC), FailingSince: time.Date(2026, 11, 29, 11, 58, 0, 0, time.UTC)},
@@ -126,6 +126,7 @@ func TestMetricsExposition(t *testing.T) {
 	}
 	for _, want := range []string{
 		"edgeagent_ingest_messages_received_total 12345",
+		"edgeagent_window_tombstones 24500",
 		`edgeagent_ingest_rejected_total{reason="payload_too_large"} 2`,
 		`edgeagent_dead_letters_total{reason="not_json"} 3`,
 		`edgeagent_uplink_state{state="down"} 1`,
