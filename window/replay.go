@@ -3,6 +3,7 @@ package window
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -63,7 +64,31 @@ const replayBatch = 10_000
 // refused with ErrIncompatibleState, since the windows would carry the
 // identities (gateway, device, metric, start) of other windows and
 // overwrite them at the receiver.
-func Replay(db *bolt.DB, src Source, cfg Config, from, to time.Time) (int, error) {
+//
+// When Bronze no longer starts at record 1 (trimmed at its retention or
+// size bound, or lost), a window may have had readings in the records that
+// are gone; replayed from the rest it would replace the whole window at the
+// receiver, whose upsert keeps the highest revision. A reading is at most
+// max_future_skew ahead of its arrival, so only windows that start at or
+// after the oldest retained arrival plus that skew are certainly whole:
+// earlier ones are skipped and counted in Partial.
+func Replay(db *bolt.DB, src Source, cfg Config, from, to time.Time) (ReplayResult, error) {
+	var res ReplayResult
+	n, err := replay(db, src, cfg, from, to, &res)
+	res.Windows = n
+	return res, err
+}
+
+// ReplayResult is what Replay did.
+type ReplayResult struct {
+	// Windows were replayed; Partial were skipped, as Bronze no longer
+	// holds every reading they may have had: those starting before
+	// WholeFrom, when Bronze's oldest record is not its first.
+	Windows, Partial int
+	WholeFrom        time.Time
+}
+
+func replay(db *bolt.DB, src Source, cfg Config, from, to time.Time, res *ReplayResult) (int, error) {
 	if err := cfg.Validate(); err != nil {
 		return 0, err
 	}
@@ -85,12 +110,18 @@ func Replay(db *bolt.DB, src Source, cfg Config, from, to time.Time) (int, error
 	seen := map[string]map[uint64]struct{}{}
 	var clock int64
 	next := uint64(0)
+	wholeMs := int64(math.MinInt64) // windows starting earlier may miss readings
+	partial := map[wkey]struct{}{}
 	var recs []buffer.Record
 	for {
 		var err error
 		recs, err = src.ReadInto(recs, next, replayBatch)
 		if err != nil {
 			return 0, fmt.Errorf("replay: read bronze from %d: %w", next, err)
+		}
+		if next == 0 && len(recs) > 0 && recs[0].Seq > 1 {
+			wholeMs = floorDiv(recs[0].ReceivedAt, 1e6) + cfg.MaxFutureSkew.Milliseconds()
+			res.WholeFrom = time.UnixMilli(wholeMs).UTC()
 		}
 		for i := range recs {
 			r := &recs[i]
@@ -118,6 +149,10 @@ func Replay(db *bolt.DB, src Source, cfg Config, from, to time.Time) (int, error
 						continue
 					}
 					k := wkey{devName, string(name), s}
+					if s < wholeMs {
+						partial[k] = struct{}{}
+						continue
+					}
 					w := wins[k]
 					if w == nil {
 						d := devs[devName]
@@ -199,5 +234,6 @@ func Replay(db *bolt.DB, src Source, cfg Config, from, to time.Time) (int, error
 			return 0, fmt.Errorf("replay: emit: %w", err)
 		}
 	}
+	res.Partial = len(partial)
 	return len(wins), nil
 }

@@ -322,7 +322,8 @@ func TestReplay(t *testing.T) {
 
 	fixed := live
 	fixed.TimeFormat = TimeAuto
-	n, err := Replay(db, br, fixed, t0.Add(time.Minute), t0.Add(3*time.Minute))
+	res, err := Replay(db, br, fixed, t0.Add(time.Minute), t0.Add(3*time.Minute))
+	n := res.Windows
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -830,13 +831,65 @@ func TestReplayAfterLostStateGoesAboveTheFloor(t *testing.T) {
 		t.Fatalf("Bronze's floor %d, the outbox's highest revision %d", br.RevisionFloor(), high)
 	}
 	fresh := openDB(t, "", true)
-	n, err := Replay(fresh, br, cfg, t0, t0.Add(15*time.Minute))
-	if err != nil || n == 0 {
-		t.Fatalf("replay: %d windows, %v", n, err)
+	res, err := Replay(fresh, br, cfg, t0, t0.Add(15*time.Minute))
+	if err != nil || res.Windows == 0 {
+		t.Fatalf("replay: %+v, %v", res, err)
 	}
 	for _, a := range decodeOutbox(t, fresh) {
 		if a.Rev <= high {
 			t.Fatalf("replayed %s at rev %d, not above Bronze's floor %d", a.Key, a.Rev, high)
+		}
+	}
+}
+
+// TestReplaySkipsWindowsBronzeNoLongerHoldsWhole: after Bronze trimmed
+// its oldest records, a replay over the whole range skips the windows that
+// may have had readings in them, and every window it does replay carries
+// what the live stage's last revision did (an audit: a replay sent a
+// window with 6 of its 15 readings, which replaced the whole one at the
+// receiver).
+func TestReplaySkipsWindowsBronzeNoLongerHoldsWhole(t *testing.T) {
+	cfg := testConfig(t)
+	recs := genStream(25, cfg, genOpts{devices: 3, duration: 90 * time.Minute, period: 10 * time.Second})
+	now := time.Unix(0, recs[len(recs)-1].ReceivedAt)
+	br, err := buffer.Open(filepath.Join(t.TempDir(), "bronze.db"), buffer.Options{Retention: 45 * time.Minute, Clock: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { br.Close() })
+	appendAll(t, br, recs)
+	db := openDB(t, "", true)
+	s, err := New(db, br, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runToEnd(t, s)
+	if err := s.Checkpoint(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := br.Trim(0); err != nil || n == 0 {
+		t.Fatalf("trimmed %d records: %v", n, err)
+	}
+	live := map[string]wire.Aggregate{} // device/metric/start → its last revision
+	for _, a := range decodeOutbox(t, db) {
+		k := fmt.Sprintf("%s/%s/%d", a.Device, a.Metric, a.Start)
+		if a.Rev > live[k].Rev {
+			live[k] = a
+		}
+	}
+	fresh := openDB(t, "", true)
+	res, err := Replay(fresh, br, cfg, t0, t0.Add(2*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Partial == 0 || res.Windows == 0 || res.WholeFrom.IsZero() {
+		t.Fatalf("replay %+v: want windows replayed and windows skipped", res)
+	}
+	for _, a := range decodeOutbox(t, fresh) {
+		want := live[fmt.Sprintf("%s/%s/%d", a.Device, a.Metric, a.Start)]
+		if a.Start < res.WholeFrom.UnixMilli() || a.Count != want.Count || *a.Sum != *want.Sum {
+			t.Fatalf("replayed %s count %d sum %v; the live stage's last revision had count %d sum %v (whole from %v)",
+				a.Key, a.Count, *a.Sum, want.Count, *want.Sum, res.WholeFrom)
 		}
 	}
 }

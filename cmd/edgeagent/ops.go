@@ -573,7 +573,7 @@ func replayCmd(_ context.Context, e *env, args []string) int {
 		e.errorf("%v", err)
 		return exitFail
 	}
-	n, err := window.Replay(db, b, wcfg, from, to)
+	res, err := window.Replay(db, b, wcfg, from, to)
 	if err != nil {
 		e.errorf("replay: %v", err)
 		if errors.Is(err, window.ErrIncompatibleState) {
@@ -588,8 +588,14 @@ func replayCmd(_ context.Context, e *env, args []string) int {
 	if s, err := b.Stats(); err == nil && s.OldestAt > 0 {
 		oldest = time.Unix(0, s.OldestAt).UTC().Format(time.RFC3339)
 	}
-	fmt.Fprintf(e.stdout, "Replayed %d window%s with start in [%s, %s) from Bronze (retained since %s) into the outbox as new revisions.\nStart the agent to deliver them.\n",
+	n := res.Windows
+	fmt.Fprintf(e.stdout, "Replayed %d window%s with start in [%s, %s) from Bronze (retained since %s) into the outbox as new revisions.\n",
 		n, plural(n), from.Format(time.RFC3339), to.Format(time.RFC3339), oldest)
+	if res.Partial > 0 {
+		fmt.Fprintf(e.stdout, "Skipped %d window%s starting before %s: Bronze no longer holds every reading they may have had, and a partial window would replace the whole one at the receiver.\n",
+			res.Partial, plural(res.Partial), res.WholeFrom.Format(time.RFC3339))
+	}
+	fmt.Fprintln(e.stdout, "Start the agent to deliver them.")
 	return exitOK
 }
 
