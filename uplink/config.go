@@ -57,6 +57,10 @@ type Config struct {
 	// no row above Bronze's revision floor is ever sent (see
 	// window.Config.SendGate).
 	OutboxGate *sync.RWMutex
+	// NotUpSince and FailingSince, when set, carry an outage over from the
+	// uplink this one replaces (a reload): the status's "uplink down for"
+	// counts from when it began, not from the reload.
+	NotUpSince, FailingSince time.Time
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Clock defaults to time.Now; Rand (uniform in [0,1)) to math/rand.

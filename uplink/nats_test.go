@@ -396,3 +396,35 @@ func TestWebsocketUplinks(t *testing.T) {
 		collector.receiver(t).check(t, fx.truth(t))
 	})
 }
+
+// TestQuietLinkLossIsDownNotFailing: a link lost with nothing to send is
+// down, not failing: FailingSince (failing_seconds, "not delivering")
+// stays zero (an audit: it grew on a quiet gateway whose server had
+// restarted). A reload's uplink carries an outage over from the one it
+// replaces.
+func TestQuietLinkLossIsDownNotFailing(t *testing.T) {
+	srv := natstest.Start(t)
+	natstest.CreateStream(t, srv.URL(), testStream, []string{testSubject}, 0)
+	proxy := newProxy(t, srv.Addr())
+	db := openDB(t)
+	u := startUplink(t, db, natsConfig("nats://"+proxy.Addr()))
+	waitFor(t, 10*time.Second, "the link up", func() bool { return u.Stats().Link == LinkUp })
+	proxy.Cut()
+	waitFor(t, 10*time.Second, "the link down", func() bool { return u.Stats().Link != LinkUp })
+	st := u.Stats()
+	if !st.FailingSince.IsZero() || st.NotUpSince.IsZero() {
+		t.Fatalf("a quiet link lost: failing since %v, not up since %v; want not failing, down", st.FailingSince, st.NotUpSince)
+	}
+
+	began := time.Date(2026, 11, 29, 11, 0, 0, 0, time.UTC)
+	cfg := natsConfig("nats://" + proxy.Addr())
+	cfg.Gateway, cfg.Logger = testGateway, testLogger()
+	cfg.NotUpSince, cfg.FailingSince = began, began.Add(time.Minute)
+	next, err := New(openDB(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := next.Stats(); !st.NotUpSince.Equal(began) || !st.FailingSince.Equal(began.Add(time.Minute)) {
+		t.Fatalf("the outage carried over as not up since %v, failing since %v", st.NotUpSince, st.FailingSince)
+	}
+}

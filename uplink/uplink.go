@@ -166,6 +166,10 @@ func New(db *bolt.DB, cfg Config) (*Uplink, error) {
 	u.stats.Link = LinkDown
 	u.stats.LinkSince = cfg.Clock()
 	u.stats.NotUpSince = u.stats.LinkSince
+	if !cfg.NotUpSince.IsZero() {
+		u.stats.NotUpSince = cfg.NotUpSince
+	}
+	u.stats.FailingSince = cfg.FailingSince
 	return u, nil
 }
 
@@ -432,7 +436,10 @@ func (u *Uplink) sendLoop(ctx context.Context) {
 		}
 		u.setError(err)
 		u.mu.Lock()
-		if u.stats.FailingSince.IsZero() {
+		// Failing is about batches: a link lost with none sealed (a quiet
+		// gateway whose server restarted) is down, which NotUpSince shows,
+		// not failing (an audit: failing_seconds grew on a healthy link).
+		if u.stats.FailingSince.IsZero() && u.stats.SealedBatches > 0 {
 			u.stats.FailingSince = u.cfg.Clock()
 		}
 		u.mu.Unlock()

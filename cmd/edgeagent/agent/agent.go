@@ -68,6 +68,9 @@ type Options struct {
 type Files struct {
 	Bronze *buffer.Bronze
 	State  *bolt.DB
+	// uplinkNotUp and uplinkFailing carry the uplink's outage over a
+	// reload, so the status's warnings count from when it began.
+	uplinkNotUp, uplinkFailing time.Time
 }
 
 // Close closes both files.
@@ -123,7 +126,12 @@ func (a *Agent) Detach() *Files {
 		return nil
 	}
 	a.ownsFiles = false
-	return &Files{Bronze: a.Bronze, State: a.State}
+	f := &Files{Bronze: a.Bronze, State: a.State}
+	if a.Uplink != nil {
+		s := a.Uplink.Stats()
+		f.uplinkNotUp, f.uplinkFailing = s.NotUpSince, s.FailingSince
+	}
+	return f
 }
 
 // CheckReload reports whether cfg would open over this agent's data as Open
@@ -282,6 +290,9 @@ func Open(cfg *config.Config, opts Options) (*Agent, error) {
 		return nil, err
 	} else if ok {
 		ucfg.OutboxGate = &a.sendGate
+		if f := opts.Files; f != nil {
+			ucfg.NotUpSince, ucfg.FailingSince = f.uplinkNotUp, f.uplinkFailing
+		}
 		a.Uplink, err = uplink.New(a.State, ucfg)
 		if err != nil {
 			a.Close()
