@@ -439,6 +439,6 @@ func (c *committer) drain(in []pending, recs []buffer.Record) {
 	done, cancel := context.WithCancel(context.Background())
 	cancel() // one attempt only: commit returns false instead of sleeping
 	if !c.commit(done, batch, recs) {
-		c.log.Warn("shutdown: last batch not committed; the broker will redeliver it", "records", len(batch))
+		c.log.Warn("shutdown: last batch not committed or acknowledged; the devices or the broker send it again", "records", len(batch))
 	}
 }

@@ -179,7 +179,7 @@ func statusClient(e *env, path, addr, caFile string, explicitConfig bool) (*stat
 		return nil, code
 	}
 	if cfg.Status.Listen == "" {
-		e.errorf("status.listen is empty in %s: the status endpoint is disabled; set it (e.g. 127.0.0.1:9464) and restart the agent", path)
+		e.errorf("status.listen is empty in %s: the status endpoint is disabled; set it (e.g. 127.0.0.1:9464) and reload the agent (systemctl reload edgeagent)", path)
 		return nil, exitFail
 	}
 	return configStatusClient(e, cfg)

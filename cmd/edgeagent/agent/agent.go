@@ -523,8 +523,8 @@ func (a *Agent) RunOnce(ctx context.Context) error {
 		if rows > 0 {
 			what = append(what, fmt.Sprintf("%d aggregates and alerts not yet sealed", rows))
 		}
-		return fmt.Errorf("%w: %s not acknowledged within %v (link %s, last error %q); they stay in the outbox for the next run",
-			ErrUndelivered, strings.Join(what, " and "), wait, st.Link, st.LastError)
+		return fmt.Errorf("%w: after %v the uplink has not acknowledged %s (link %s, last error %q); they stay in the outbox for the next run",
+			ErrUndelivered, wait, strings.Join(what, " and "), st.Link, st.LastError)
 	}
 	return nil
 }
