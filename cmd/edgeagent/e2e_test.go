@@ -703,11 +703,31 @@ func TestSighupReloadsConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer busy.Close()
-	for _, bad := range []struct{ body, log string }{
-		{head + "processing:\n  trigger_interval: soon\n", "SIGHUP: the config has problems; running on"},
-		{head + "processing:\n  trigger_interval: 2s\nwindow:\n  size: 5m\n", "SIGHUP: the agent would not start with this config; running on"},
-		{strings.Replace(head, dir+"/data", dir+"/data2", 1) + "processing:\n  trigger_interval: 2s\n", "data_dir changed"},
-		{strings.Replace(head, statusAddr, busy.Addr().String(), 1) + "processing:\n  trigger_interval: 2s\n", "status.listen " + busy.Addr().String()},
+	// The status says a reload was refused, and why (an audit: only the
+	// log did, and the file on disk was not the config in force).
+	refused := func() (reason string, warned bool) {
+		resp, err := http.Get("http://" + statusAddr + "/status.json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var st struct {
+			ReloadRefused string   `json:"reload_refused"`
+			Warnings      []string `json:"warnings"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+			t.Fatal(err)
+		}
+		return st.ReloadRefused, strings.Contains(strings.Join(st.Warnings, "\n"), "the last reload was refused, and the agent runs the config it started with: "+st.ReloadRefused)
+	}
+	if r, _ := refused(); r != "" {
+		t.Errorf("reload_refused %q after a reload that went through", r)
+	}
+	for _, bad := range []struct{ body, log, reason string }{
+		{head + "processing:\n  trigger_interval: soon\n", "SIGHUP: the config has problems; running on", "processing.trigger_interval"},
+		{head + "processing:\n  trigger_interval: 2s\nwindow:\n  size: 5m\n", "SIGHUP: the agent would not start with this config; running on", "window.size"},
+		{strings.Replace(head, dir+"/data", dir+"/data2", 1) + "processing:\n  trigger_interval: 2s\n", "data_dir changed", "data_dir changed"},
+		{strings.Replace(head, statusAddr, busy.Addr().String(), 1) + "processing:\n  trigger_interval: 2s\n", "status.listen " + busy.Addr().String(), "status.listen"},
 	} {
 		writeConfig(t, dir, bad.body)
 		n := starts()
@@ -715,6 +735,9 @@ func TestSighupReloadsConfig(t *testing.T) {
 		p.waitLog(t, bad.log)
 		if got := interval(); got != 2 || starts() != n {
 			t.Errorf("after a SIGHUP with a config the agent refuses: trigger interval %v, %d starts; want the running 2s, %d", got, starts(), n)
+		}
+		if r, warned := refused(); !strings.Contains(r, bad.reason) || !warned {
+			t.Errorf("after a refused reload: reload_refused %q (want it to name %s), warned %v", r, bad.reason, warned)
 		}
 	}
 

@@ -74,11 +74,13 @@ func (h *hangupWatch) run(ctx context.Context, hup <-chan os.Signal) {
 		if cfg == nil {
 			h.log.Error("SIGHUP: the config has problems; running on with the running one",
 				"config", h.path, "problems", strings.TrimSpace(problems.String()))
+			h.a.ReloadRefused(strings.TrimSpace(problems.String()))
 			continue
 		}
 		if err := h.a.CheckReload(cfg); err != nil {
 			h.log.Error("SIGHUP: the agent would not start with this config; running on with the running one",
 				"config", h.path, "err", err)
+			h.a.ReloadRefused(err.Error())
 			continue
 		}
 		h.log.Info("SIGHUP: stopping, to start again with the config read anew", "config", h.path)

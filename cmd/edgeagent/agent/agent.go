@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -102,6 +103,8 @@ type Agent struct {
 	Alerts    *alert.Engine    // nil without alert rules or local republishing
 	Local     *local.Publisher // nil when nothing is published locally
 	localSink interface{ Close() error }
+	// reloadRefused is why the last reload was refused (see ReloadRefused).
+	reloadRefused atomic.Pointer[string]
 	// sendGate keeps the uplink and the local publisher from reading
 	// outbox rows above Bronze's revision floor (window.Config.SendGate).
 	sendGate sync.RWMutex
@@ -115,6 +118,10 @@ type Agent struct {
 	closeOnce  sync.Once
 	closeErr   error
 }
+
+// ReloadRefused records why a reload was refused, for the status: the
+// config file is then not the config in force.
+func (a *Agent) ReloadRefused(reason string) { a.reloadRefused.Store(&reason) }
 
 // Detach hands the agent's data files to the caller, for the next Open
 // after a reload; Close then leaves them open. Call it after Run and

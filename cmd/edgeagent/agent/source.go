@@ -47,6 +47,9 @@ func (s *statusSource) Snapshot() status.Snapshot {
 	a := s.a
 	now := a.opts.Clock()
 	snap := status.Snapshot{Gateway: a.cfg.GatewayID, Version: a.opts.Version, Time: now.UTC(), UptimeSeconds: now.Sub(s.started).Seconds()}
+	if r := a.reloadRefused.Load(); r != nil {
+		snap.ReloadRefused = *r
+	}
 
 	in := a.Ingest.Stats()
 	subscribeErr, _ := in.SubscribeError()

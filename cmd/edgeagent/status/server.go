@@ -302,6 +302,9 @@ func Warnings(snap *Snapshot, trigger time.Duration) []string {
 			w = append(w, fmt.Sprintf("the gateway clock went back: the logged clock is %s ahead of it; idle closes and device expiry wait until it catches up (see the operations guide, wrong gateway clock)", d.Round(time.Second)))
 		}
 	}
+	if snap.ReloadRefused != "" {
+		w = append(w, "the last reload was refused, and the agent runs the config it started with: "+snap.ReloadRefused)
+	}
 	if snap.Ingest.CommitFailing {
 		w = append(w, "Bronze commits failing: "+snap.Ingest.LastCommitError)
 	}

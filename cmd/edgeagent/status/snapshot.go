@@ -13,6 +13,9 @@ type Snapshot struct {
 	Version       string    `json:"version"`
 	Time          time.Time `json:"time"`
 	UptimeSeconds float64   `json:"uptime_seconds"`
+	// ReloadRefused is why the last SIGHUP was refused: the config file
+	// is not the config in force ("" after a start or a reload).
+	ReloadRefused string `json:"reload_refused,omitempty"`
 
 	Ingest Ingest `json:"ingest"`
 	Bronze Bronze `json:"bronze"`

@@ -182,6 +182,11 @@ func TestWarnings(t *testing.T) {
 		t.Errorf("no warning for failing local publishes:\n%s", w)
 	}
 	snap.Alerts = nil
+	snap.ReloadRefused = "window.size changed from 1m0s to 5m0s"
+	if w := strings.Join(Warnings(&snap, time.Second), "\n"); !strings.Contains(w, "the last reload was refused, and the agent runs the config it started with: window.size changed") {
+		t.Errorf("no warning for a refused reload:\n%s", w)
+	}
+	snap.ReloadRefused = ""
 	// A Bronze full of processed records is Bronze keeping history, not a
 	// risk.
 	snap.Bronze.UnprocessedBytes = 1 << 20
