@@ -103,7 +103,8 @@ The batch path: recomputes every window whose start lies in [from, to) from
 all retained Bronze records — parsed with the current config, so records
 that were dead-lettered before a config fix now count — and queues them in
 the outbox as new revisions, which the cloud's upsert takes over the old
-ones. Run it with the agent stopped; the next run delivers them. T is RFC
+ones. Windows that may have had readings Bronze no longer holds are
+skipped, and counted. Run it with the agent stopped; the next run delivers them. T is RFC
 3339, a date (UTC midnight), Unix seconds or Unix milliseconds (a window's
 start as the wire carries it).
 
