@@ -204,6 +204,13 @@ func (v *validator) mqtt() {
 		key := fmt.Sprintf("mqtt.subscriptions[%d]", i)
 		v.checkQoS(key+".qos", s.QoS, 0)
 		formatOK := v.oneOf(key+".format", s.Format, "json", "cbor", "number")
+		if strings.HasPrefix(s.Topic, "$share/") || strings.HasPrefix(s.Topic, "$queue/") {
+			// The broker delivers under the topic without the prefix,
+			// which the template would then not match: every message
+			// would be dead-lettered.
+			v.add(key+".topic", "%q is a shared subscription, which the agent does not take: subscribe to the topic itself (each agent keeps a whole log)", s.Topic)
+			continue
+		}
 		t, err := topic.Parse(s.Topic)
 		if err != nil {
 			v.add(key+".topic", "%s", strings.TrimPrefix(err.Error(), topic.ErrTemplate.Error()+": "))
