@@ -52,9 +52,11 @@ type BronzeRow struct {
 	Device     string    `json:"device,omitempty"`
 	QoS        byte      `json:"qos"`
 	Retained   bool      `json:"retained,omitempty"`
-	Reason     string    `json:"reason,omitempty"`
-	Payload    string    `json:"payload,omitempty"`
-	PayloadLen int       `json:"payload_bytes"`
+	// Duplicate is the MQTT DUP flag: the broker or device sent it again.
+	Duplicate  bool   `json:"duplicate,omitempty"`
+	Reason     string `json:"reason,omitempty"`
+	Payload    string `json:"payload,omitempty"`
+	PayloadLen int    `json:"payload_bytes"`
 }
 
 // The rows of every table share one JSON style: snake_case names, times
@@ -204,7 +206,7 @@ func (t *Tables) bronze(q status.Query) ([]BronzeRow, error) {
 			return true
 		}
 		rows = append(rows, BronzeRow{Seq: r.Seq, Kind: r.Kind.String(), ReceivedAt: at, Topic: r.Topic, Device: dev,
-			QoS: r.QoS, Retained: r.Retained, Reason: r.Reason, Payload: payloadText(r.Payload, 512), PayloadLen: len(r.Payload)})
+			QoS: r.QoS, Retained: r.Retained, Duplicate: r.Duplicate, Reason: r.Reason, Payload: payloadText(r.Payload, 512), PayloadLen: len(r.Payload)})
 		return len(rows) < q.Limit
 	})
 	return rows, err

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"math"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/edgeagent/edgeagent/buffer"
 	"github.com/edgeagent/edgeagent/buffer/outbox"
 	"github.com/edgeagent/edgeagent/cmd/edgeagent/status"
 	"github.com/edgeagent/edgeagent/uplink/wire"
@@ -100,5 +102,34 @@ func TestInspectOutbox(t *testing.T) {
 		if _, err := tables.Inspect(tc.table, tc.q); !errors.Is(err, status.ErrBadQuery) {
 			t.Errorf("%s with %+v: %v, want ErrBadQuery", tc.table, tc.q, err)
 		}
+	}
+}
+
+// The Bronze view shows the flags a record was stored with: retained, and
+// the DUP of a redelivery (an audit had to read the file to see it).
+func TestInspectBronzeShowsFlags(t *testing.T) {
+	b, err := buffer.Open(filepath.Join(t.TempDir(), "bronze.db"), buffer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	at := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC).UnixNano()
+	if err := b.Append([]buffer.Record{
+		{Kind: buffer.KindMessage, ReceivedAt: at, Topic: "s/d1/t", QoS: 1, Payload: []byte("1")},
+		{Kind: buffer.KindMessage, ReceivedAt: at, Topic: "s/d1/t", QoS: 1, Duplicate: true, Retained: true, Payload: []byte("1")},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := (&Tables{Bronze: b, Gateway: "gw-1"}).Inspect("bronze", status.Query{Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := got.([]BronzeRow)
+	if len(rows) != 2 || rows[0].Duplicate || rows[0].Retained || !rows[1].Duplicate || !rows[1].Retained {
+		t.Fatalf("rows %+v, want the second a retained redelivery", rows)
+	}
+	raw, err := json.Marshal(rows[1])
+	if err != nil || !strings.Contains(string(raw), `"duplicate":true`) {
+		t.Fatalf("row %s (%v), want \"duplicate\":true", raw, err)
 	}
 }
