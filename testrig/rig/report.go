@@ -45,6 +45,9 @@ type Report struct {
 	Publisher PublisherSummary `json:"publisher"`
 	Result    *verify.Result   `json:"result"`
 	Counters  Counters         `json:"counters"`
+	// Tables compares the late and dead-letter tables' rows with the
+	// truth's, read from the state database after the agent stopped.
+	Tables *Tables `json:"tables,omitempty"`
 	// Alerts compares the local alert transitions with the truth's, for a
 	// scenario with alert rules.
 	Alerts *AlertResult `json:"alerts,omitempty"`
@@ -191,6 +194,10 @@ func (r *Report) WriteTable(w io.Writer) {
 	c := r.Counters
 	fmt.Fprintf(w, "  counters   late %s  duplicates %s  dead letters %s  (observed/expected, %s, %s)\n",
 		c.Late, c.Duplicates, c.DeadLetters, c.Source, c.Mode)
+	if t := r.Tables; t != nil {
+		fmt.Fprintf(w, "  tables     late %d rows of %d expected (%d missing, %d unexpected)  dead letters %d rows of %d (%d missing, %d unexpected)\n",
+			t.Late.Rows, t.Late.Expected, t.Late.Missing, t.Late.Unexpected, t.DeadLetters.Rows, t.DeadLetters.Expected, t.DeadLetters.Missing, t.DeadLetters.Unexpected)
+	}
 	a := r.Agent
 	fmt.Fprintf(w, "  agent      %d starts, %d unexpected exits, final exit %d, CPU %.1fs, peak RSS %s\n",
 		a.Starts, a.UnexpectedExits, a.FinalExitCode, a.Usage.CPUSeconds, bytesStr(a.Usage.PeakRSSBytes))

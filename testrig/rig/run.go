@@ -371,6 +371,22 @@ func finish(rep *Report, e *env, exp *truth.Expected, st *agentproc.Status, atLe
 			rep.Failures = append(rep.Failures, fmt.Sprintf("%s counter %d, expected %d (%s)", name, *c.Observed, c.Expected, rep.Counters.Mode))
 		}
 	}
+	if !e.agent.Running() {
+		// The counters say how many; the tables, read once the agent has
+		// stopped, which.
+		tables, err := checkTables(e.dataDir, exp, atLeastOnce)
+		if err != nil {
+			rep.Failures = append(rep.Failures, err.Error())
+		}
+		rep.Tables = tables
+		if tables != nil {
+			for name, t := range map[string]TableResult{"late": tables.Late, "dead-letter": tables.DeadLetters} {
+				if t.Missing > 0 || t.Unexpected > 0 {
+					rep.Failures = append(rep.Failures, fmt.Sprintf("%s table: %d rows, %d expected: %d missing, %d unexpected (%s)", name, t.Rows, t.Expected, t.Missing, t.Unexpected, rep.Counters.Mode))
+				}
+			}
+		}
+	}
 	rep.Agent.Starts = e.agent.Starts()
 	rep.Agent.Exits = e.agent.Exits()
 	rep.Agent.Log = e.agent.LogPath()

@@ -83,11 +83,31 @@ type Expected struct {
 	// and note ("malformed/no-ts").
 	Dead       uint64
 	DeadByNote map[string]uint64
+	// LateRows and DeadRows are the rows the agent's late and dead-letter
+	// tables must hold, with how many of each (a retry of a late reading
+	// is late again).
+	LateRows map[LateRow]int
+	DeadRows map[DeadRow]int
 	// Revisable counts windows that receive data after the watermark
 	// passed them: each must arrive with rev > 1. It is a lower bound:
 	// idle closes emit windows early at points that depend on wall time.
 	Revisable int
 }
+
+// LateRow is a late-table row as the rig compares it.
+type LateRow struct {
+	Device, Metric         string
+	EventTime, WindowStart int64 // Unix ms
+}
+
+// DeadRow is a dead-letter row as the rig compares it: the topic and the
+// payload's first DeadPayloadBytes, which is what the table keeps.
+type DeadRow struct {
+	Topic, Payload string
+}
+
+// DeadPayloadBytes is how much of a payload a dead-letter row keeps.
+const DeadPayloadBytes = 256
 
 // devState mirrors the agent's per-device state.
 type devState struct {
@@ -112,7 +132,8 @@ func Compute(plan *sim.Plan, sent []int, sentAt [][]int64, s Settings) *Expected
 	if s.Slide == 0 {
 		s.Slide = s.Size
 	}
-	e := &Expected{Settings: s, Windows: map[Key]*Window{}, PTime: map[SeriesKey]*Series{}, DeadByNote: map[string]uint64{}}
+	e := &Expected{Settings: s, Windows: map[Key]*Window{}, PTime: map[SeriesKey]*Series{}, DeadByNote: map[string]uint64{},
+		LateRows: map[LateRow]int{}, DeadRows: map[DeadRow]int{}}
 	sizeMs, slideMs := s.Size.Milliseconds(), s.Slide.Milliseconds()
 	delayMs, lateMs := s.WatermarkDelay.Milliseconds(), s.AllowedLateness.Milliseconds()
 	for d := range plan.Devices {
@@ -132,6 +153,7 @@ func Compute(plan *sim.Plan, sent []int, sentAt [][]int64, s Settings) *Expected
 			if m.Kind != sim.KindReading {
 				e.Dead++
 				e.DeadByNote[m.Kind.String()+"/"+m.Note]++
+				e.DeadRows[DeadRow{m.Topic, string(m.Payload[:min(len(m.Payload), DeadPayloadBytes)])}]++
 				continue
 			}
 			if !m.Retry {
@@ -165,6 +187,7 @@ func Compute(plan *sim.Plan, sent []int, sentAt [][]int64, s Settings) *Expected
 					end := start + sizeMs
 					if end <= st.finalBefore {
 						e.Late++
+						e.LateRows[LateRow{dev.Name, mt.Name, t, start}]++
 						late = true
 						continue
 					}
