@@ -175,6 +175,12 @@ func (r *Report) WriteTable(w io.Writer) {
 		wc := res.Windows
 		fmt.Fprintf(w, "  windows    expected %s  received %s  correct %s  wrong %d  missing %d  extra %d  (revised %d: sent again with a new value; at least %d expected)\n",
 			num(wc.Expected), num(wc.Received), num(wc.Correct), wc.Wrong, wc.Missing, wc.Extra, wc.Revised, wc.RevisionsExpected)
+		if wc.Overcounted > 0 {
+			// Waiting cannot mend a window with more readings than were
+			// sent, so the rig stops waiting: windows the agent had not
+			// closed yet then count as missing too.
+			fmt.Fprintf(w, "             %d of the wrong windows hold more readings than were sent, so the rig stopped waiting at once: some of the missing may only have been still open\n", wc.Overcounted)
+		}
 		if p := res.PTime; p.Expected > 0 || p.Extra > 0 {
 			fmt.Fprintf(w, "  ptime      series expected %d  correct %d  wrong %d  missing %d  extra %d  (plain numbers without timestamps, as totals, %s)\n",
 				p.Expected, p.Correct, p.Wrong, p.Missing, p.Extra, p.Mode)

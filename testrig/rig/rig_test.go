@@ -180,8 +180,9 @@ func TestReportJSONAsDocumented(t *testing.T) {
 		Faults:   []FaultEvent{{Kind: "agent_kill", Skipped: "s", Error: "e", Note: "n"}},
 		Result:   &verify.Result{Problems: []string{"p"}},
 		Counters: Counters{Late: c, Duplicates: c, DeadLetters: c},
-		Agent:    AgentSummary{Exits: []agentproc.Exit{{Code: 0}}},
-		Alerts:   &AlertResult{Examples: []string{"e"}}}
+		Agent:    AgentSummary{Exits: []agentproc.Exit{{Code: 0, Signal: "killed"}}},
+		Alerts:   &AlertResult{Examples: []string{"e"}},
+		Tables:   &Tables{}}
 	var b bytes.Buffer
 	if err := rep.WriteJSON(&b); err != nil {
 		t.Fatal(err)
