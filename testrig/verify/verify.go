@@ -288,7 +288,7 @@ func diffAggregate(a, b *wire.Aggregate) string {
 	var d []string
 	str := func(name, x, y string) {
 		if x != y {
-			d = append(d, fmt.Sprintf("%s %s, first %s", name, y, x))
+			d = append(d, fmt.Sprintf("%s %s (earlier copy %s)", name, y, x))
 		}
 	}
 	str("device", a.Device, b.Device)

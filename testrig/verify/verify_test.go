@@ -191,7 +191,7 @@ func TestKeyConflict(t *testing.T) {
 		t.Fatal("a key carrying two contents must fail the comparison")
 	}
 	text := strings.Join(r.Problems, "\n")
-	if !strings.Contains(text, "key "+wire.AggregateKey(gw, "a", "t", 0, 1)+" arrived again with other contents") || !strings.Contains(text, "count 3, first 2") {
+	if !strings.Contains(text, "key "+wire.AggregateKey(gw, "a", "t", 0, 1)+" arrived again with other contents") || !strings.Contains(text, "count 3 (earlier copy 2)") {
 		t.Fatalf("problems do not describe the conflict:\n%s", text)
 	}
 }
