@@ -53,7 +53,7 @@ const replayBatch = 10_000
 // on (device, event id) over the whole retained log, with no lateness
 // cut-off and no device cap. Each window is emitted into the outbox as a new
 // revision above the highest ever emitted; the live stage then numbers its
-// own later revisions above those. It returns the number of aggregates
+// own later revisions above those. Its result counts the aggregates
 // emitted. It does not read or change the live window state.
 //
 // Memory grows with the number of windows in the range.
