@@ -55,13 +55,20 @@ func rawSubscribe(t testing.TB, conn net.Conn, filter string, qos byte) {
 // rawClientV is rawClient speaking MQTT protocol version v (4: 3.1.1, 5).
 func rawClientV(t testing.TB, addr, id string, v byte) net.Conn {
 	t.Helper()
+	return rawConnect(t, addr, id, v, true)
+}
+
+// rawConnect connects as id with protocol version v and the clean-session
+// flag clean, and reads the CONNACK.
+func rawConnect(t testing.TB, addr, id string, v byte, clean bool) net.Conn {
+	t.Helper()
 	conn, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
 	pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect}, ProtocolVersion: v,
-		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Clean: true, Keepalive: 60, ClientIdentifier: id}}
+		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Clean: clean, Keepalive: 60, ClientIdentifier: id}}
 	var buf bytes.Buffer
 	if err := pk.ConnectEncode(&buf); err != nil {
 		t.Fatal(err)
@@ -544,22 +551,7 @@ func TestEmbeddedSessionsExpire(t *testing.T) {
 	cfg.EmbeddedSessionExpiry = time.Second
 	in := startIngester(t, b, cfg)
 	srv := in.src.(*embedded).srv
-	conn, err := net.Dial("tcp", cfg.Embedded)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect}, ProtocolVersion: 4,
-		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Keepalive: 60, ClientIdentifier: "persistent-1"}}
-	var buf bytes.Buffer
-	if err := pk.ConnectEncode(&buf); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Write(buf.Bytes()); err != nil {
-		t.Fatal(err)
-	}
-	if typ, _ := readRawPacket(t, conn); typ != packets.Connack {
-		t.Fatalf("got packet type %d, want CONNACK", typ)
-	}
+	conn := rawConnect(t, cfg.Embedded, "persistent-1", 4, false)
 	rawSubscribe(t, conn, "alerts/#", 1)
 	conn.Close()
 	session := func() bool { _, ok := srv.Clients.Get("persistent-1"); return ok }

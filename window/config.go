@@ -94,8 +94,9 @@ const (
 	// a publisher sending objects with random keys cannot create unbounded
 	// windows from a single message.
 	maxMetricsPerReading = 64
-	// payloadPrefix is how much of a dead-lettered payload is kept.
-	payloadPrefix = 256
+	// DeadLetterPayloadBytes is how much of a dead-lettered payload its
+	// row keeps.
+	DeadLetterPayloadBytes = 256
 )
 
 // Config configures the window stage. Zero values take the documented

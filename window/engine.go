@@ -436,8 +436,8 @@ func (e *engine) dead(r *buffer.Record, device, code, msg string) {
 		return
 	}
 	p := r.Payload
-	if len(p) > payloadPrefix {
-		p = p[:payloadPrefix]
+	if len(p) > DeadLetterPayloadBytes {
+		p = p[:DeadLetterPayloadBytes]
 	}
 	e.dls = append(e.dls, DeadLetter{
 		Seq: r.Seq, Topic: r.Topic, Device: device, ReceivedAt: r.ReceivedAt,

@@ -279,6 +279,18 @@ func readLate(t testing.TB, db *bolt.DB) []Late {
 }
 
 // runToEnd steps until Bronze is consumed, then flushes.
+// runFresh processes all of src into a new state database.
+func runFresh(t testing.TB, src Source, cfg Config) (*bolt.DB, *Stage) {
+	t.Helper()
+	db := openDB(t, "", true)
+	s, err := New(db, src, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runToEnd(t, s)
+	return db, s
+}
+
 func runToEnd(t testing.TB, s *Stage) {
 	t.Helper()
 	if err := s.RunOnce(); err != nil {

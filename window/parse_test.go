@@ -272,7 +272,7 @@ func TestBadInput(t *testing.T) {
 			if r.Code != c.code || !strings.Contains(r.Reason, c.reason) || r.Seq != uint64(c.deadSeqs) || r.Topic != want.Topic || r.Device != c.device || r.ReceivedAt != want.ReceivedAt {
 				t.Errorf("row %+v\nwant code %s, reason containing %q, seq %d, topic %s, device %q", r, c.code, c.reason, c.deadSeqs, want.Topic, c.device)
 			}
-			if wp := want.Payload[:min(len(want.Payload), payloadPrefix)]; string(r.Payload) != string(wp) {
+			if wp := want.Payload[:min(len(want.Payload), DeadLetterPayloadBytes)]; string(r.Payload) != string(wp) {
 				t.Errorf("payload %q, want %q", r.Payload, wp)
 			}
 			st := s.Stats()

@@ -491,7 +491,6 @@ func (s *Stage) commit(checkpoint bool) error {
 		s.arena.Reset()
 		err = s.db.Update(s.writeOutputs)
 	}
-
 	if err != nil {
 		if rerr := s.rollback(); rerr != nil {
 			return fmt.Errorf("commit window batch: %w (and %v)", err, rerr)

@@ -766,16 +766,8 @@ func TestLostStateContinuesAboveBronzesRevisionFloor(t *testing.T) {
 	bronzePath := filepath.Join(t.TempDir(), "bronze.db")
 	br := openBronze(t, bronzePath)
 	appendAll(t, br, recs)
-	db := openDB(t, "", true)
-	s, err := New(db, br, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runToEnd(t, s)
-	var high uint32
-	for _, a := range decodeOutbox(t, db) {
-		high = max(high, a.Rev)
-	}
+	db, _ := runFresh(t, br, cfg)
+	high := maxRev(decodeOutbox(t, db))
 	if high < 2 {
 		t.Fatalf("the stream made no revisions (highest %d): the test needs some", high)
 	}
@@ -791,12 +783,7 @@ func TestLostStateContinuesAboveBronzesRevisionFloor(t *testing.T) {
 		t.Fatalf("reopened Bronze's floor is %d, want %d", got, high)
 	}
 
-	fresh := openDB(t, "", true) // state.db lost
-	s2, err := New(fresh, br, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runToEnd(t, s2)
+	fresh, _ := runFresh(t, br, cfg) // state.db lost
 	rebuilt := decodeOutbox(t, fresh)
 	if len(rebuilt) == 0 {
 		t.Fatal("nothing rebuilt")
@@ -820,12 +807,7 @@ func TestReplayAfterLostStateGoesAboveTheFloor(t *testing.T) {
 	cfg := testConfig(t)
 	br := openBronze(t, "")
 	appendAll(t, br, genStream(24, cfg, genOpts{devices: 3, duration: 15 * time.Minute, period: 10 * time.Second, lateRate: 0.1}))
-	db := openDB(t, "", true)
-	s, err := New(db, br, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runToEnd(t, s)
+	db, _ := runFresh(t, br, cfg)
 	high := maxRev(decodeOutbox(t, db))
 	if br.RevisionFloor() != high || high == 0 {
 		t.Fatalf("Bronze's floor %d, the outbox's highest revision %d", br.RevisionFloor(), high)
@@ -858,12 +840,7 @@ func TestReplaySkipsWindowsBronzeNoLongerHoldsWhole(t *testing.T) {
 	}
 	t.Cleanup(func() { br.Close() })
 	appendAll(t, br, recs)
-	db := openDB(t, "", true)
-	s, err := New(db, br, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runToEnd(t, s)
+	db, s := runFresh(t, br, cfg)
 	if err := s.Checkpoint(); err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"strconv"
 	"time"
@@ -161,9 +162,11 @@ func walk(path string) (err error) {
 	// turns into ErrDamaged.
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	var w walker
-	return db.View(func(tx *bolt.Tx) error {
+	err = db.View(func(tx *bolt.Tx) error {
 		return tx.ForEach(func(_ []byte, b *bolt.Bucket) error { return w.bucket(b) })
 	})
+	runtime.KeepAlive(w.last) // the reads that fill it must happen
+	return err
 }
 
 // walker reads every key and value to its last byte, and checks that keys

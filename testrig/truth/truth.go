@@ -26,6 +26,7 @@ import (
 
 	"github.com/edgeagent/edgeagent/testrig/scenario"
 	"github.com/edgeagent/edgeagent/testrig/sim"
+	"github.com/edgeagent/edgeagent/window"
 )
 
 // Settings are the agent's window settings the truth depends on.
@@ -101,13 +102,11 @@ type LateRow struct {
 }
 
 // DeadRow is a dead-letter row as the rig compares it: the topic and the
-// payload's first DeadPayloadBytes, which is what the table keeps.
+// payload's first window.DeadLetterPayloadBytes, which is what the table
+// keeps.
 type DeadRow struct {
 	Topic, Payload string
 }
-
-// DeadPayloadBytes is how much of a payload a dead-letter row keeps.
-const DeadPayloadBytes = 256
 
 // devState mirrors the agent's per-device state.
 type devState struct {
@@ -153,7 +152,7 @@ func Compute(plan *sim.Plan, sent []int, sentAt [][]int64, s Settings) *Expected
 			if m.Kind != sim.KindReading {
 				e.Dead++
 				e.DeadByNote[m.Kind.String()+"/"+m.Note]++
-				e.DeadRows[DeadRow{m.Topic, string(m.Payload[:min(len(m.Payload), DeadPayloadBytes)])}]++
+				e.DeadRows[DeadRow{m.Topic, string(m.Payload[:min(len(m.Payload), window.DeadLetterPayloadBytes)])}]++
 				continue
 			}
 			if !m.Retry {
