@@ -82,7 +82,7 @@ func benchHandleCommit(b *testing.B, interval time.Duration, perMilli int) {
 	for i := range msgs {
 		msgs[i] = benchMessage{topic: fmt.Sprintf("sensors/dev-%05d/telemetry", i),
 			payload: fmt.Appendf(nil, `{"id":"%08x","ts":%d,"temperature":%.2f,"humidity":%.1f,"pressure":%.1f,"battery":%.2f,"rssi":%d}`,
-				i, 1735689600000+i, 20+float64(i%100)/10, 40+float64(i%50)/5, 1000+float64(i%30)/3, 3+float64(i%90)/100, -60-i%30),
+				i, 1735689600000+int64(i), 20+float64(i%100)/10, 40+float64(i%50)/5, 1000+float64(i%30)/3, 3+float64(i%90)/100, -60-i%30),
 			acked: &acked}
 	}
 	var mem runtime.MemStats

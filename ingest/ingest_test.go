@@ -94,7 +94,7 @@ func messagesIn(t testing.TB, b *buffer.Bronze) map[string]buffer.Record {
 func payloads(prefix string, n int) [][]byte {
 	out := make([][]byte, n)
 	for i := range out {
-		out[i] = fmt.Appendf(nil, `{"id":"%s-%d","ts":%d,"v":%d}`, prefix, i, 1700000000000+i, i)
+		out[i] = fmt.Appendf(nil, `{"id":"%s-%d","ts":%d,"v":%d}`, prefix, i, 1700000000000+int64(i), i)
 	}
 	return out
 }

@@ -314,6 +314,13 @@ type engine struct {
 	tombDel    []string
 	revsDirty  bool
 	tombPruned int64 // clock of the last tombstone pruning
+	// tombFloor is the newest horizon of the tombstones dropped to keep
+	// their number within max_devices: a device not seen before may be
+	// one of them, so its windows ending by then are final (noTime: none
+	// dropped, or the floor is past max_past_skew).
+	tombFloor      int64
+	tombFloorDirty bool
+	tombsDropped   uint64 // tombstones folded into tombFloor by this engine
 
 	nameBuf []byte
 	due     []*window
@@ -357,6 +364,7 @@ func newEngine(cfg *Config) *engine {
 		metricNames: map[string]string{},
 		seriesIdx:   map[*device]map[string]*series{},
 		tombstones:  map[string]int64{},
+		tombFloor:   noTime,
 		pending:     map[*window]struct{}{},
 	}
 	for _, s := range cfg.Subscriptions {
@@ -573,12 +581,17 @@ func (e *engine) metricName(prefix string, m []byte) []byte {
 func (e *engine) newDevice(name string) *device {
 	name = strings.Clone(name) // not a slice of the record's topic
 	d := &device{name: name, finalBefore: noTime, nextEmit: endless, nextPrune: endless, shard: shardOf(name)}
-	if h, ok := e.tombstones[name]; ok {
-		// A device that expired comes back: windows it may have emitted
-		// stay final, so none restarts at rev 1 with other content.
-		if h > floorDiv(e.clock-e.pasNs, 1e6) {
-			d.finalBefore = h
-		}
+	h, ok := e.tombstones[name]
+	if !ok {
+		// Its tombstone may be among those dropped for the bound.
+		h = e.tombFloor
+	}
+	// A device that expired comes back: windows it may have emitted
+	// stay final, so none restarts at rev 1 with other content.
+	if h > floorDiv(e.clock-e.pasNs, 1e6) {
+		d.finalBefore = h
+	}
+	if ok {
 		delete(e.tombstones, name)
 		e.tombDel = append(e.tombDel, name)
 	}
@@ -1107,8 +1120,44 @@ func (e *engine) expire(d *device) {
 	if horizon != noTime {
 		e.tombstones[d.name] = horizon
 		e.tombPut = append(e.tombPut, d.name)
+		if len(e.tombstones) > e.cfg.MaxDevices {
+			e.dropTombstones()
+		}
 	}
 	e.c.DevicesExpired++
+}
+
+// dropTombstones keeps the tombstones within max_devices: a fleet that
+// keeps inventing device names would otherwise hold one for each name for
+// max_past_skew. The oldest horizons go, an eighth of the bound at a time
+// (one sort per many expiries), and the newest of them becomes tombFloor,
+// which every device not seen before then starts with: the dropped
+// devices' windows stay final at the price of a new device's readings
+// that old going to the late table. Ties go by name, so a replay drops
+// the same ones.
+func (e *engine) dropTombstones() {
+	keep := e.cfg.MaxDevices - e.cfg.MaxDevices/8
+	type tomb struct {
+		name    string
+		horizon int64
+	}
+	all := make([]tomb, 0, len(e.tombstones))
+	for name, h := range e.tombstones {
+		all = append(all, tomb{name, h})
+	}
+	slices.SortFunc(all, func(a, b tomb) int {
+		if c := cmp.Compare(a.horizon, b.horizon); c != 0 {
+			return c
+		}
+		return strings.Compare(a.name, b.name)
+	})
+	for _, t := range all[:len(all)-keep] {
+		delete(e.tombstones, t.name)
+		e.tombDel = append(e.tombDel, t.name)
+		e.tombFloor = max(e.tombFloor, t.horizon)
+		e.tombsDropped++
+	}
+	e.tombFloorDirty = true
 }
 
 // flushPending emits every pending revision now (Flush, end of RunOnce).
@@ -1136,11 +1185,15 @@ func (e *engine) emitAndPrune(ws []*window) {
 // pruneTombstones forgets tombstones older than max_past_skew: no reading
 // that old passes the skew check, so none could reach their windows.
 func (e *engine) pruneTombstones() {
-	if e.clock-e.tombPruned < 60e9 || len(e.tombstones) == 0 {
+	if e.clock-e.tombPruned < 60e9 || (len(e.tombstones) == 0 && e.tombFloor == noTime) {
 		return
 	}
 	e.tombPruned = e.clock
 	cut := floorDiv(e.clock-e.pasNs, 1e6)
+	if e.tombFloor != noTime && e.tombFloor <= cut {
+		e.tombFloor = noTime
+		e.tombFloorDirty = true
+	}
 	for name, h := range e.tombstones {
 		if h <= cut {
 			delete(e.tombstones, name)
@@ -1208,6 +1261,7 @@ func (e *engine) resetDelta() {
 	e.delDevs = emptied(e.delDevs)
 	e.tombPut = emptied(e.tombPut)
 	e.tombDel = emptied(e.tombDel)
+	e.tombFloorDirty = false
 }
 
 // emptied returns s with no elements and none of its old ones reachable.

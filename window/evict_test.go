@@ -383,3 +383,102 @@ func TestColdDedupGroups(t *testing.T) {
 		t.Fatalf("%d duplicates, %d dedup reads; want 2, 3", st.Duplicates, p.s.eng.dedupLoads)
 	}
 }
+
+// TestTombstonesKeptWithinMaxDevices: a fleet that keeps inventing device
+// names holds at most max_devices tombstones. The oldest are dropped, and
+// the newest horizon among them stays as a floor for devices not seen
+// before (a dropped device may be one), across a restart, until
+// max_past_skew passes it.
+func TestTombstonesKeptWithinMaxDevices(t *testing.T) {
+	cfg := testConfig(t) // size 1m, idle 2m
+	cfg.MaxDevices = 8
+	cfg.DeviceExpiry = time.Hour
+	cfg.MaxPastSkew = 3 * time.Hour
+	checkpointEveryBatch(&cfg)
+	p := newStepper(t, cfg)
+	minute := func(i int) time.Time { return t0.Add(time.Duration(i) * time.Minute) }
+	// Two waves of eight (max_devices bounds the live ones), the second
+	// an hour later with readings that old.
+	now := t0
+	for wave := range 2 {
+		for i := wave * 8; i < wave*8+8; i++ {
+			if now.Before(minute(i)) {
+				now = minute(i)
+			}
+			now = now.Add(time.Second)
+			p.feed(telemetry(fmt.Sprintf("d%02d", i), "1", minute(i).Add(10*time.Second), now, 1))
+		}
+		now = now.Add(cfg.DeviceExpiry + time.Second)
+		p.feed(tick(now))
+	}
+	// Each device's horizon is the end of its window, minute i+1. Past 8,
+	// the oldest go down to 7 at a time: d00–d07 dropped, d08–d15 kept.
+	st := p.s.Stats()
+	if st.DevicesExpired != 16 || st.Tombstones != 8 || st.TombstonesDropped != 8 || !st.TombstoneFloor.Equal(minute(8)) {
+		t.Fatalf("after 16 expiries: %d expired, %d tombstones, %d dropped, floor %v; want 16, 8, 8, %v",
+			st.DevicesExpired, st.Tombstones, st.TombstonesDropped, st.TombstoneFloor, minute(8))
+	}
+	lateRows := func() int { return len(readLate(t, p.db)) }
+	send := func(dev string, et time.Time) (emitted int) {
+		now = now.Add(time.Second)
+		return len(p.feed(telemetry(dev, "2", et, now, 9)))
+	}
+	// A dropped device's emitted window stays final; so do a new device's
+	// windows ending by the floor, a kept tombstone's own, and none after.
+	for i, c := range []struct {
+		dev  string
+		at   time.Time
+		late bool
+	}{
+		{"d03", minute(3).Add(20 * time.Second), true},
+		{"new1", minute(5).Add(20 * time.Second), true},
+		{"d12", minute(12).Add(20 * time.Second), true},
+		{"new2", minute(9).Add(20 * time.Second), false},
+	} {
+		before := lateRows()
+		if n := send(c.dev, c.at); n != 0 {
+			t.Fatalf("case %d: emitted %d aggregates", i, n)
+		}
+		if late := lateRows() - before; late != map[bool]int{true: 1, false: 0}[c.late] {
+			t.Errorf("%s at %v: %d late rows, want late=%v", c.dev, c.at, late, c.late)
+		}
+	}
+	if err := p.s.Checkpoint(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A restart keeps the floor; one with a lower bound drops more.
+	cfg.MaxDevices = 5
+	s, err := New(p.db, p.br, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.s = s
+	st = p.s.Stats()
+	// d12 came back: 7 tombstones, of which 5 are kept: d08 and d09 go,
+	// and the floor is d09's horizon, minute 10.
+	if st.Tombstones != 5 || st.TombstonesDropped != 2 || !st.TombstoneFloor.Equal(minute(10)) {
+		t.Fatalf("after a restart with max_devices 5: %d tombstones, %d dropped, floor %v; want 5, 2, %v",
+			st.Tombstones, st.TombstonesDropped, st.TombstoneFloor, minute(10))
+	}
+	before := lateRows()
+	send("new3", minute(9).Add(5*time.Second))
+	if lateRows() != before+1 {
+		t.Errorf("a new device's window before the floor after the restart was not late")
+	}
+
+	// max_past_skew passes the floor: it goes, and stays gone.
+	later := minute(20).Add(cfg.MaxPastSkew)
+	p.feed(tick(later), tick(later.Add(2*time.Minute)))
+	if err := p.s.Checkpoint(); err != nil {
+		t.Fatal(err)
+	}
+	if st := p.s.Stats(); !st.TombstoneFloor.IsZero() || st.Tombstones != 0 {
+		t.Fatalf("past max_past_skew: floor %v, %d tombstones", st.TombstoneFloor, st.Tombstones)
+	}
+	if s, err = New(p.db, p.br, cfg); err != nil {
+		t.Fatal(err)
+	} else if st := s.Stats(); !st.TombstoneFloor.IsZero() {
+		t.Fatalf("the floor came back after a restart: %v", st.TombstoneFloor)
+	}
+}

@@ -50,6 +50,8 @@ var (
 	keyProgress    = []byte("progress")
 	keyBehaviour   = []byte("behaviour")
 	keyGen         = []byte("gen")
+	// keyTombFloor holds engine.tombFloor while there is one.
+	keyTombFloor = []byte("tombfloor")
 )
 
 func createBuckets(tx *bolt.Tx) error {
@@ -427,6 +429,17 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 	if err != nil {
 		return nil, err
 	}
+	if v := m.Get(keyTombFloor); v != nil {
+		h, n := binary.Varint(v)
+		if n <= 0 {
+			return nil, fmt.Errorf("%w: tombstone floor", ErrCorruptState)
+		}
+		e.tombFloor = h
+	}
+	if len(e.tombstones) > e.cfg.MaxDevices {
+		// Saved under a larger window.max_devices.
+		e.dropTombstones()
+	}
 	// Lists are ordered by last seen, as the uninterrupted run built them.
 	slices.SortFunc(devs, func(a, b *device) int {
 		if a.lastSeen != b.lastSeen {
@@ -571,6 +584,17 @@ func writeCheckpoint(w *chunkWriter, e *engine, sweep *groupSweep) (groupSweep, 
 			if err := tb.Put([]byte(name), binary.AppendVarint(nil, h)); err != nil {
 				return groupSweep{}, fmt.Errorf("put tombstone: %w", err)
 			}
+		}
+	}
+	if e.tombFloorDirty {
+		var err error
+		if e.tombFloor == noTime {
+			err = m.Delete(keyTombFloor)
+		} else {
+			err = m.Put(keyTombFloor, binary.AppendVarint(nil, e.tombFloor))
+		}
+		if err != nil {
+			return groupSweep{}, fmt.Errorf("write tombstone floor: %w", err)
 		}
 	}
 	return next, nil

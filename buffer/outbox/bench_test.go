@@ -31,7 +31,7 @@ func BenchmarkOutbox(b *testing.B) {
 	appendAll := func() {
 		if err := db.Update(func(tx *bolt.Tx) error {
 			for i := 0; i < benchRows; i++ {
-				if _, err := Append(tx, KindAggregate, int64(1767225600000+i), data); err != nil {
+				if _, err := Append(tx, KindAggregate, 1767225600000+int64(i), data); err != nil {
 					return err
 				}
 			}

@@ -113,6 +113,7 @@ func (s *statusSource) Snapshot() status.Snapshot {
 		DedupEntries:           ws.DedupEntries,
 		Devices:                ws.Devices,
 		Tombstones:             ws.Tombstones,
+		TombstonesDropped:      ws.TombstonesDropped,
 		StateBytes:             ws.StateBytes,
 		LateTotal:              ws.Late,
 		DuplicatesTotal:        ws.Duplicates,
@@ -128,6 +129,10 @@ func (s *statusSource) Snapshot() status.Snapshot {
 		LateRowsEvicted:        ws.LateEvicted,
 		DeadLetterRowsEvicted:  ws.DeadLettersEvicted,
 		DevicesExpired:         ws.DevicesExpired,
+	}
+	if !ws.TombstoneFloor.IsZero() {
+		floor := ws.TombstoneFloor
+		snap.Window.TombstoneFloor = &floor
 	}
 	if a.Alerts != nil {
 		as := a.Alerts.Stats()

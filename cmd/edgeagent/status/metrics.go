@@ -92,6 +92,7 @@ func WriteMetrics(w io.Writer, snap Snapshot) {
 	g("edgeagent_window_dedup_entries", float64(wn.DedupEntries))
 	g("edgeagent_window_devices", float64(wn.Devices))
 	g("edgeagent_window_tombstones", float64(wn.Tombstones))
+	c("edgeagent_window_tombstones_dropped_total", wn.TombstonesDropped)
 	g("edgeagent_window_state_bytes", float64(wn.StateBytes))
 	c("edgeagent_late_readings_total", wn.LateTotal)
 	c("edgeagent_duplicate_readings_total", wn.DuplicatesTotal)

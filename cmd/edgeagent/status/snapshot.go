@@ -104,7 +104,13 @@ type Window struct {
 	// Tombstones are expired devices' lateness horizons, kept for
 	// readings.max_past_skew: a fleet that keeps inventing device names
 	// grows them (64 bytes each) though no device has state.
-	Tombstones          int               `json:"tombstones"`
+	Tombstones int `json:"tombstones"`
+	// At most window.max_devices are kept: past that the oldest are
+	// dropped, counted here, and TombstoneFloor is the newest horizon
+	// among them while max_past_skew has not passed it: devices not seen
+	// before take no readings for windows ending by then (late table).
+	TombstonesDropped   uint64            `json:"tombstones_dropped_total"`
+	TombstoneFloor      *time.Time        `json:"tombstone_floor,omitempty"`
 	StateBytes          int64             `json:"state_bytes"`
 	LateTotal           uint64            `json:"late_total"`
 	DuplicatesTotal     uint64            `json:"duplicates_total"`
