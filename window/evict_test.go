@@ -482,3 +482,51 @@ func TestTombstonesKeptWithinMaxDevices(t *testing.T) {
 		t.Fatalf("the floor came back after a restart: %v", st.TombstoneFloor)
 	}
 }
+
+// TestTableBoundsAcrossRestarts: the late table holds at most its bound
+// however often the agent restarts. A checkpoint stored the table counters
+// before its own batch's rows, and a restart read them back from there,
+// so each restart counted a batch's rows short and the table grew past
+// its bound by them (an audit's soak: 152 rows over). A state saved that
+// way is counted afresh at the start.
+func TestTableBoundsAcrossRestarts(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.MaxLateRows = 5
+	checkpointEveryBatch(&cfg)
+	p := newStepper(t, cfg)
+	rows := func() int { return len(readLate(t, p.db)) }
+	at := t0.Add(10 * time.Minute)
+	p.feed(telemetry("d1", "0", at, at, 1))
+	for i := range 8 {
+		at = at.Add(time.Second)
+		// Each more than the lateness behind the device's watermark.
+		p.feed(telemetry("d1", fmt.Sprint("late", i), t0.Add(time.Duration(i)*time.Second), at, 1))
+		s, err := New(p.db, p.br, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.s = s
+		if got, counted := rows(), p.s.Stats().LateRows; got > cfg.MaxLateRows || uint64(got) != counted {
+			t.Fatalf("after restart %d: %d late rows, %d counted; bound %d", i+1, got, counted, cfg.MaxLateRows)
+		}
+	}
+	// A state whose counters fell short: one row more than they say.
+	if err := p.db.Update(func(tx *bolt.Tx) error {
+		return putRow(tx.Bucket(bucketLate), appendLate(nil, &Late{Seq: 1, Device: "d0", Metric: "temp"}))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(p.db, p.br, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.s = s
+	if got := p.s.Stats().LateRows; got != 6 {
+		t.Fatalf("a state with 6 late rows counted %d", got)
+	}
+	at = at.Add(time.Second)
+	p.feed(telemetry("d1", "late9", t0, at, 1))
+	if got := rows(); got != cfg.MaxLateRows {
+		t.Fatalf("%d late rows after the next batch, want the bound %d", got, cfg.MaxLateRows)
+	}
+}

@@ -25,6 +25,17 @@ import (
 func checkStateInvariants(t *testing.T, s *Stage, checkpointed bool) {
 	t.Helper()
 	e := s.eng
+	// The tables' counters are what the bounds evict by: a row they miss
+	// is a row over the bound.
+	if err := s.db.View(func(tx *bolt.Tx) error {
+		late, dead := tx.Bucket(bucketLate).Stats().KeyN, tx.Bucket(bucketDead).Stats().KeyN
+		if uint64(late) != e.c.LateRows || uint64(dead) != e.c.DeadRows {
+			t.Fatalf("late rows %d, counted %d; dead-letter rows %d, counted %d", late, e.c.LateRows, dead, e.c.DeadRows)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	nW, nEv, nPark, nDedup := 0, 0, 0, 0
 	mem := map[string]bool{}
 	for name, d := range e.devices {

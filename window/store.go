@@ -209,11 +209,13 @@ func applyProgress(v []byte, e *engine) error {
 	if d.err != nil {
 		return fmt.Errorf("%w: progress: %v", ErrCorruptState, d.err)
 	}
-	if through <= e.offset {
-		return nil
-	}
-	e.suppressThrough = through
+	// The tables' counters always: a checkpoint stores its counters
+	// before its own batch's rows are written in the same transaction,
+	// and only the progress record, written after them, counts those.
 	e.c.LateRows, e.c.DeadRows, e.c.LateEvicted, e.c.DeadEvicted = rows[0], rows[1], rows[2], rows[3]
+	if through > e.offset {
+		e.suppressThrough = through
+	}
 	return nil
 }
 
@@ -339,6 +341,11 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 			return nil, err
 		}
 	}
+	// The bounds evict by these counts: taken from the rows themselves, as
+	// states saved by builds before applyProgress restored them always
+	// count a checkpoint's own rows short, once per restart.
+	e.c.LateRows = uint64(tx.Bucket(bucketLate).Stats().KeyN)
+	e.c.DeadRows = uint64(tx.Bucket(bucketDead).Stats().KeyN)
 	r := tx.Bucket(bucketRevs)
 	e.highRev = uint32(getU64(r, keyHighRev))
 	e.revBase = uint32(getU64(r, keyRevBase))
