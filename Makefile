@@ -15,7 +15,7 @@ ARGS    ?=
 # fixed in Go 1.27), which failed a CI run with no crasher written.
 FUZZTIME ?= 60s
 
-.PHONY: build test bench fuzz demo cross deb lint check clean
+.PHONY: build test test-armv7 bench fuzz demo cross deb lint check clean
 
 build:
 	$(BUILD) -o bin/edgeagent ./cmd/edgeagent
@@ -26,6 +26,17 @@ test: lint cross
 	$(GO) tool nfpm --version >/dev/null
 	$(GO) test -race -timeout 9m ./...
 	$(MAKE) --no-print-directory fuzz FUZZTIME=20000x
+
+# 32-bit ARM, the CPU of many gateways: vet every package for it (an
+# untyped constant past 2^31 in an int), and run the engine's, storage's,
+# wire format's and config's tests under user-mode emulation (qemu-arm-static,
+# which .ci/run installs). The two tests that start a copy of their own
+# binary are skipped: the emulator is not registered with the kernel here.
+ARMV7_PKGS := ./window/... ./buffer/... ./internal/... ./uplink/wire/... ./config/...
+test-armv7:
+	GOOS=linux GOARCH=arm GOARM=7 CGO_ENABLED=0 $(GO) vet ./...
+	GOOS=linux GOARCH=arm GOARM=7 CGO_ENABLED=0 $(GO) test -exec qemu-arm-static -timeout 20m \
+	  -skip '^(TestDeterminismAcrossKills|TestCrashBeforeLocalPublish)$$' $(ARMV7_PKGS)
 
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./... | tee bench.txt

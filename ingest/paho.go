@@ -68,11 +68,7 @@ func (p *pahoSource) start(ctx context.Context) error {
 		SetAutoAckDisabled(true).
 		SetOrderMatters(true). // one handler at a time, in arrival order
 		SetKeepAlive(cfg.KeepAlive).
-		// A dead link shows after keep_alive plus this: paho's fixed 10 s
-		// hid a 6 s blackhole from an agent with keep_alive 2s. Not below
-		// 5 s: PINGRESP queues behind PUBLISHes the reader holds while
-		// Bronze is slow (an SD card's fsync stall).
-		SetPingTimeout(min(max(cfg.KeepAlive/2, 5*time.Second), 10*time.Second)).
+		SetPingTimeout(pingTimeout(cfg.KeepAlive)).
 		SetConnectTimeout(cfg.ConnectTimeout).
 		SetAutoReconnect(true).
 		SetConnectRetry(true).
@@ -331,4 +327,13 @@ func filters(subs []Subscription) string {
 		f[i] = s.Template.Filter()
 	}
 	return strings.Join(f, ",")
+}
+
+// pingTimeout is how long the client waits for a PINGRESP: a dead link
+// shows after keep_alive plus this. Paho's fixed 10 s hid a 6 s blackhole
+// from an agent with keep_alive 2s. Not below 5 s: PINGRESP queues behind
+// PUBLISHes the reader holds while Bronze is slow (an SD card's fsync
+// stall).
+func pingTimeout(keepAlive time.Duration) time.Duration {
+	return min(max(keepAlive/2, 5*time.Second), 10*time.Second)
 }

@@ -219,9 +219,21 @@ func (p *Proxy) accept() {
 
 // pump copies one direction of a link: 0 is client→server, 1 the reverse.
 // Each chunk is forwarded or swallowed by the mode at the moment it arrives.
+//
+// A server that closes its side while the link is blackholed (a broker
+// whose keep-alive deadline passed) goes unseen by the client, as behind
+// a real blackhole: the client's side stays open, and its bytes are
+// swallowed until the mode changes and the next one finds the server gone.
 func (p *Proxy) pump(l *link, dir int) {
 	defer p.wg.Done()
 	defer func() {
+		p.mu.Lock()
+		silent := dir == 1 && p.mode == Blackholing && !p.closed
+		p.mu.Unlock()
+		if silent {
+			_ = l.server.Close() // the client→server pump ends the link later
+			return
+		}
 		l.close()
 		p.mu.Lock()
 		delete(p.conns, l)

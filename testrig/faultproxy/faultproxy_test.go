@@ -245,3 +245,39 @@ func isTimeout(err error) bool {
 	ne, ok := err.(net.Error)
 	return ok && ne.Timeout()
 }
+
+// A server that closes its side during a blackhole (a broker whose
+// keep-alive deadline passed) goes unseen by the client, as behind a real
+// blackhole; once restored, the client's next bytes find the server gone.
+func TestBlackholeHidesTheServersClose(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			accepted <- c
+		}
+	}()
+	p := newProxy(t, ln.Addr().String())
+	c := dial(t, p.Addr())
+	var srv net.Conn
+	select {
+	case srv = <-accepted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the proxy did not connect to the server")
+	}
+	p.Blackhole()
+	if err := srv.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.roundTrip("anyone?", 500*time.Millisecond); !isTimeout(err) {
+		t.Fatalf("the server's close reached the client through the blackhole: %q, %v", got, err)
+	}
+	p.Restore()
+	if _, err := c.roundTrip("stale", time.Second); err == nil {
+		t.Fatal("a connection whose server closed during the blackhole still answered")
+	}
+}
