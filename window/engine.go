@@ -225,6 +225,9 @@ type counters struct {
 	LateRows, DeadRows       uint64
 	DevicesExpired           uint64
 	MaxEventTime             int64
+	// TombstonesDropped counts the tombstones dropped for max_devices
+	// (dropTombstones); stored last, absent from states saved before it.
+	TombstonesDropped uint64
 }
 
 var codeIndex = [...]string{
@@ -320,7 +323,6 @@ type engine struct {
 	// dropped, or the floor is past max_past_skew).
 	tombFloor      int64
 	tombFloorDirty bool
-	tombsDropped   uint64 // tombstones folded into tombFloor by this engine
 
 	nameBuf []byte
 	due     []*window
@@ -1155,7 +1157,7 @@ func (e *engine) dropTombstones() {
 		delete(e.tombstones, t.name)
 		e.tombDel = append(e.tombDel, t.name)
 		e.tombFloor = max(e.tombFloor, t.horizon)
-		e.tombsDropped++
+		e.c.TombstonesDropped++
 	}
 	e.tombFloorDirty = true
 }

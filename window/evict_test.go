@@ -384,6 +384,27 @@ func TestColdDedupGroups(t *testing.T) {
 	}
 }
 
+// expireInWaves has devices d00–d15 send one reading each, at minute i
+// of t0, in two waves of eight (max_devices 8 bounds the live ones), the
+// second an hour later with readings that old, each wave then expiring.
+// It returns the clock after them.
+func expireInWaves(p *stepper, cfg Config) time.Time {
+	now := t0
+	for wave := range 2 {
+		for i := wave * 8; i < wave*8+8; i++ {
+			at := t0.Add(time.Duration(i) * time.Minute)
+			if now.Before(at) {
+				now = at
+			}
+			now = now.Add(time.Second)
+			p.feed(telemetry(fmt.Sprintf("d%02d", i), "1", at.Add(10*time.Second), now, 1))
+		}
+		now = now.Add(cfg.DeviceExpiry + time.Second)
+		p.feed(tick(now))
+	}
+	return now
+}
+
 // TestTombstonesKeptWithinMaxDevices: a fleet that keeps inventing device
 // names holds at most max_devices tombstones. The oldest are dropped, and
 // the newest horizon among them stays as a floor for devices not seen
@@ -397,20 +418,7 @@ func TestTombstonesKeptWithinMaxDevices(t *testing.T) {
 	checkpointEveryBatch(&cfg)
 	p := newStepper(t, cfg)
 	minute := func(i int) time.Time { return t0.Add(time.Duration(i) * time.Minute) }
-	// Two waves of eight (max_devices bounds the live ones), the second
-	// an hour later with readings that old.
-	now := t0
-	for wave := range 2 {
-		for i := wave * 8; i < wave*8+8; i++ {
-			if now.Before(minute(i)) {
-				now = minute(i)
-			}
-			now = now.Add(time.Second)
-			p.feed(telemetry(fmt.Sprintf("d%02d", i), "1", minute(i).Add(10*time.Second), now, 1))
-		}
-		now = now.Add(cfg.DeviceExpiry + time.Second)
-		p.feed(tick(now))
-	}
+	now := expireInWaves(p, cfg)
 	// Each device's horizon is the end of its window, minute i+1. Past 8,
 	// the oldest go down to 7 at a time: d00–d07 dropped, d08–d15 kept.
 	st := p.s.Stats()
@@ -457,8 +465,8 @@ func TestTombstonesKeptWithinMaxDevices(t *testing.T) {
 	st = p.s.Stats()
 	// d12 came back: 7 tombstones, of which 5 are kept: d08 and d09 go,
 	// and the floor is d09's horizon, minute 10.
-	if st.Tombstones != 5 || st.TombstonesDropped != 2 || !st.TombstoneFloor.Equal(minute(10)) {
-		t.Fatalf("after a restart with max_devices 5: %d tombstones, %d dropped, floor %v; want 5, 2, %v",
+	if st.Tombstones != 5 || st.TombstonesDropped != 8+2 || !st.TombstoneFloor.Equal(minute(10)) {
+		t.Fatalf("after a restart with max_devices 5: %d tombstones, %d dropped, floor %v; want 5, 10, %v",
 			st.Tombstones, st.TombstonesDropped, st.TombstoneFloor, minute(10))
 	}
 	before := lateRows()
@@ -528,5 +536,67 @@ func TestTableBoundsAcrossRestarts(t *testing.T) {
 	p.feed(telemetry("d1", "late9", t0, at, 1))
 	if got := rows(); got != cfg.MaxLateRows {
 		t.Fatalf("%d late rows after the next batch, want the bound %d", got, cfg.MaxLateRows)
+	}
+}
+
+// TestTombstonesDroppedCountOnceThroughARollback: a failed commit goes
+// back to the checkpoint and processes the batches since again, dropping
+// the same tombstones again; the count is the state's, so it goes back
+// with it (an audit: 220 counted for 116 dropped).
+func TestTombstonesDroppedCountOnceThroughARollback(t *testing.T) {
+	obs := &failingObserver{}
+	cfg := testConfig(t)
+	cfg.MaxDevices, cfg.DeviceExpiry, cfg.MaxPastSkew, cfg.Observer = 8, time.Hour, 3*time.Hour, obs
+	checkpointNever(&cfg)
+	p := newStepper(t, cfg)
+	now := expireInWaves(p, cfg) // 16 expiries, 8 tombstones dropped
+	if st := p.s.Stats(); st.TombstonesDropped != 8 {
+		t.Fatalf("%d tombstones dropped, want 8", st.TombstonesDropped)
+	}
+	obs.fail = true // a batch that emits, whose commit fails
+	et := now.Add(-time.Minute)
+	appendAll(t, p.br, []buffer.Record{telemetry("x", "1", et, now.Add(time.Second), 1), telemetry("x", "2", et.Add(5*time.Minute), now.Add(2*time.Second), 1)})
+	if _, err := p.s.Step(); err == nil {
+		t.Fatal("the injected failure did not fail the Step")
+	}
+	obs.fail = false
+	p.feed()
+	if st := p.s.Stats(); st.TombstonesDropped != 8 {
+		t.Fatalf("%d tombstones dropped after a rollback; 8 were", st.TombstonesDropped)
+	}
+}
+
+// TestEvictedCountsThroughACatchUpUnderNewSettings: a restart after a
+// crash, with a setting that decides outputs changed, deletes the late
+// and dead-letter rows written since the checkpoint and writes them
+// anew; what was evicted is counted once (an audit: 5 late readings, 2
+// rows, 6 evicted).
+func TestEvictedCountsThroughACatchUpUnderNewSettings(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.MaxLateRows, cfg.MaxDeadLetterRows = 2, 2
+	checkpointNever(&cfg)
+	p := newStepper(t, cfg)
+	at := t0.Add(10 * time.Minute)
+	p.feed(telemetry("d1", "0", at, at, 1))
+	for i := range 5 {
+		at = at.Add(time.Second)
+		p.feed(telemetry("d1", fmt.Sprint("late", i), t0.Add(time.Duration(i)*time.Second), at, 1),
+			msg("sensors/d1/telemetry", fmt.Sprint("{bad", i), at))
+	}
+	cfg.WatermarkDelay = 2 * time.Second // the crash's restart, with another delay
+	s, err := New(p.db, p.br, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.s = s
+	p.feed()
+	st := p.s.Stats()
+	var dead uint64
+	for _, n := range st.DeadLetters {
+		dead += n
+	}
+	if st.Late != 5 || st.LateRows != 2 || st.LateEvicted != 3 || dead != 5 || st.DeadLetterRows != 2 || st.DeadLettersEvicted != 3 {
+		t.Fatalf("late %d = %d rows + %d evicted, dead letters %d = %d rows + %d evicted; want 5 = 2 + 3 for both",
+			st.Late, st.LateRows, st.LateEvicted, dead, st.DeadLetterRows, st.DeadLettersEvicted)
 	}
 }

@@ -32,6 +32,16 @@ func checkStateInvariants(t *testing.T, s *Stage, checkpointed bool) {
 		if uint64(late) != e.c.LateRows || uint64(dead) != e.c.DeadRows {
 			t.Fatalf("late rows %d, counted %d; dead-letter rows %d, counted %d", late, e.c.LateRows, dead, e.c.DeadRows)
 		}
+		if e.offset >= e.suppressThrough { // a catch-up's counts are behind its rows
+			var deadTotal uint64
+			for _, n := range e.c.Dead {
+				deadTotal += n
+			}
+			if e.c.Late != e.c.LateRows+e.c.LateEvicted || deadTotal != e.c.DeadRows+e.c.DeadEvicted {
+				t.Fatalf("%d late readings, %d rows + %d evicted; %d dead letters, %d rows + %d evicted",
+					e.c.Late, e.c.LateRows, e.c.LateEvicted, deadTotal, e.c.DeadRows, e.c.DeadEvicted)
+			}
+		}
 		return nil
 	}); err != nil {
 		t.Fatal(err)

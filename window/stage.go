@@ -55,9 +55,6 @@ type Stage struct {
 	// recordFloor); floorFailing: recording it failed, and was logged.
 	gateHeld, floorFailing bool
 	capLogged              bool // the device cap was hit and logged; cleared by a batch without
-	// tombsDropped counts the tombstones dropped for max_devices since New:
-	// by committed batches, and by the first load (a lowered bound).
-	tombsDropped uint64
 
 	statsMu sync.Mutex
 	stats   Stats
@@ -103,8 +100,8 @@ type Stats struct {
 	DedupEntries     int
 	Devices          int
 	Tombstones       int
-	// TombstonesDropped counts tombstones dropped since the start to keep
-	// them within max_devices; TombstoneFloor is the newest horizon among
+	// TombstonesDropped counts tombstones dropped to keep them within
+	// max_devices; TombstoneFloor is the newest horizon among
 	// them (zero when none is in force): windows of devices not seen
 	// before that end by then take no more readings.
 	TombstonesDropped uint64
@@ -161,7 +158,6 @@ func New(db *bolt.DB, src Source, cfg Config) (*Stage, error) {
 	if err := s.reload(); err != nil {
 		return nil, err
 	}
-	s.tombsDropped = s.eng.tombsDropped
 	if err := s.raiseToRevisionFloor(); err != nil {
 		return nil, err
 	}
@@ -402,7 +398,7 @@ func (s *Stage) Step() (StepResult, error) {
 		return res, nil
 	}
 	e := s.eng
-	before, droppedBefore := e.c, e.tombsDropped
+	before := e.c
 	for i := range recs {
 		e.process(&recs[i])
 		if e.loadErr != nil {
@@ -431,10 +427,9 @@ func (s *Stage) Step() (StepResult, error) {
 		s.log.Warn("window: max_devices reached, readings of new devices are dead-lettered", "max_devices", s.cfg.MaxDevices, "refused", capped)
 	}
 	s.capLogged = capped > 0
-	if e.tombsDropped > droppedBefore {
-		s.tombsDropped += e.tombsDropped - droppedBefore
+	if dropped := e.c.TombstonesDropped - before.TombstonesDropped; dropped > 0 {
 		s.log.Warn("window: more expired devices than window.max_devices; the oldest tombstones were dropped, and devices not seen before take no readings for windows ending by their newest horizon",
-			"dropped", e.tombsDropped-droppedBefore, "horizon", time.UnixMilli(e.tombFloor).UTC())
+			"dropped", dropped, "horizon", time.UnixMilli(e.tombFloor).UTC())
 	}
 	res.Records = len(recs)
 	res.More = buffer.ReadFull(recs, s.cfg.MaxRecordsPerBatch)
@@ -780,7 +775,7 @@ func (s *Stage) publish(res StepResult, batch bool) {
 	// Parked windows wait in memory, encoded, for the next checkpoint.
 	st.OpenWindows, st.EvictedWindows, st.PendingRevisions = e.nWindows, e.nEvicted-e.nParked, len(e.pending)
 	st.DedupEntries, st.Devices, st.Tombstones = e.nDedup, len(e.devices), len(e.tombstones)
-	st.TombstonesDropped, st.TombstoneFloor = s.tombsDropped, time.Time{}
+	st.TombstonesDropped, st.TombstoneFloor = e.c.TombstonesDropped, time.Time{}
 	if e.tombFloor != noTime {
 		st.TombstoneFloor = time.UnixMilli(e.tombFloor).UTC()
 	}

@@ -50,7 +50,7 @@ var metricHelp = map[string]string{
 	"edgeagent_window_dedup_entries":                  "Event ids held for deduplication.",
 	"edgeagent_window_devices":                        "Devices with state in the window stage.",
 	"edgeagent_window_tombstones":                     "Expired devices whose lateness horizon is kept (for readings.max_past_skew).",
-	"edgeagent_window_tombstones_dropped_total":       "Tombstones dropped to keep them within window.max_devices (since the start).",
+	"edgeagent_window_tombstones_dropped_total":       "Tombstones dropped to keep them within window.max_devices.",
 	"edgeagent_window_state_bytes":                    "Estimated memory the window state takes.",
 	"edgeagent_late_readings_total":                   "Late-table rows: one per metric of a reading and window that refused it, past its lateness horizon.",
 	"edgeagent_duplicate_readings_total":              "Readings dropped as duplicates of an event id already taken.",
