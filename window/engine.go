@@ -266,7 +266,8 @@ type engine struct {
 	idleList   devList
 	tombstones map[string]int64 // expired device → its lateness horizon
 	pending    map[*window]struct{}
-	clock      int64 // logged clock, unix ns: max received-at seen
+	clock      int64 // logged clock, unix ns: see loggedClock
+	lastStamp  int64 // the last record's received-at (loggedClock)
 	offset     uint64
 	gen        uint64 // the committed checkpoint's generation (see slotted)
 	revBase    uint32 // revisions start above this (raised by reset and replay)
@@ -414,7 +415,7 @@ func (d *device) lateWatermark(delayMs, lateMs int64) int64 {
 func (e *engine) process(r *buffer.Record) {
 	e.replaying = r.Seq <= e.suppressThrough
 	e.c.Records++
-	e.advanceClock(r.ReceivedAt)
+	e.advanceClock(e.loggedClock(r.ReceivedAt))
 	switch r.Kind {
 	case buffer.KindTick:
 		e.c.Ticks++
@@ -1049,6 +1050,31 @@ func (e *engine) aggregate(em *emission) wire.Aggregate {
 func (e *engine) detachedAggregate(em emission) *wire.Aggregate {
 	a := e.aggregate(&em)
 	return &a
+}
+
+// clockStepNs is how far a record's received-at may fall behind the logged
+// clock before it counts as the gateway's clock stepped back rather than
+// receipts on concurrent connections stamped a little out of order.
+const clockStepNs = int64(1e9)
+
+// loggedClock returns the logged clock's reading for a record received at
+// ts (the gateway's wall clock). It follows the stamps forward and never
+// goes back. When the wall clock steps back (NTP correcting a clock that
+// ran ahead, an hour or a day), holding the high mark would stop the clock
+// until the wall clock is back there: no trigger boundary, idle close or
+// expiry, and pending revisions piling up in memory for as long (an
+// audit: 5,950 pending after two hours of a day's step). Instead, while
+// the stamps are more than clockStepNs behind, the clock moves by half of
+// their own advance, so it goes on and the stamps catch up with it in
+// twice the step. A function of the stamps in Bronze order, so a replay
+// decides the same.
+func (e *engine) loggedClock(ts int64) int64 {
+	prev := e.lastStamp
+	e.lastStamp = ts
+	if ts > e.clock-clockStepNs || ts <= prev {
+		return max(ts, e.clock)
+	}
+	return e.clock + (ts-prev)/2
 }
 
 // advanceClock moves the logged clock to ts (it never goes back) and runs

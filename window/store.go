@@ -52,6 +52,9 @@ var (
 	keyGen         = []byte("gen")
 	// keyTombFloor holds engine.tombFloor while there is one.
 	keyTombFloor = []byte("tombfloor")
+	// keyLastStamp holds engine.lastStamp (absent before it was kept: the
+	// logged clock stands in).
+	keyLastStamp = []byte("stamp")
 )
 
 func createBuckets(tx *bolt.Tx) error {
@@ -334,6 +337,10 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 	e.gen = getU64(m, keyGen)
 	e.offset = getU64(m, keyOffset)
 	e.clock = int64(getU64(m, keyClock))
+	e.lastStamp = e.clock
+	if m.Get(keyLastStamp) != nil {
+		e.lastStamp = int64(getU64(m, keyLastStamp))
+	}
 	if v := m.Get(keyCounters); v != nil {
 		if err := decodeCounters(v, &e.c); err != nil {
 			return nil, err
@@ -566,6 +573,9 @@ func writeCheckpoint(w *chunkWriter, e *engine, sweep *groupSweep) (groupSweep, 
 		return groupSweep{}, err
 	}
 	if err := putU64(m, keyClock, uint64(e.clock)); err != nil {
+		return groupSweep{}, err
+	}
+	if err := putU64(m, keyLastStamp, uint64(e.lastStamp)); err != nil {
 		return groupSweep{}, err
 	}
 	if err := m.Put(keyCounters, appendCounters(nil, &e.c)); err != nil {
