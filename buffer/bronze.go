@@ -70,8 +70,16 @@ type Bronze struct {
 	// revFloor is the highest revision the window stage has committed,
 	// kept here too (see SetRevisionFloor).
 	revFloor atomic.Uint64
-	full     atomic.Bool
-	closed   atomic.Bool
+	// trimmedNewest is the newest received-at among the records Trim
+	// deleted (see TrimmedNewest).
+	trimmedNewest atomic.Int64
+	// openedAt (Options.Clock at Open, with Go's monotonic reading in
+	// production) and openedNext, the first sequence this process appends:
+	// see Trim.
+	openedAt   time.Time
+	openedNext uint64
+	full       atomic.Bool
+	closed     atomic.Bool
 }
 
 var (
@@ -82,6 +90,7 @@ var (
 	keyBytes   = []byte("bytes")
 	keyFormat  = []byte("format")
 	keyRevs    = []byte("revision_floor")
+	keyTrimmed = []byte("trimmed_newest")
 )
 
 // logFormat is the layout of the log bucket: 2 is chunks of records, each
@@ -143,6 +152,7 @@ func Open(path string, opts Options) (*Bronze, error) {
 		b.records = int64(boltkv.Uint(m, keyRecords))
 		b.bytes = int64(boltkv.Uint(m, keyBytes))
 		b.revFloor.Store(boltkv.Uint(m, keyRevs))
+		b.trimmedNewest.Store(int64(boltkv.Uint(m, keyTrimmed)))
 		return nil
 	}
 	if opts.ReadOnly {
@@ -162,6 +172,7 @@ func Open(path string, opts Options) (*Bronze, error) {
 		return nil, fmt.Errorf("open bronze %s: %w", path, err)
 	}
 	b.lastSeq.Store(b.next - 1)
+	b.openedAt, b.openedNext = opts.Clock(), b.next
 	return b, nil
 }
 
@@ -205,6 +216,7 @@ func (b *Bronze) Append(recs []Record) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	next, records, bytes := b.next, b.records, b.bytes
+	var trimmedNewest int64
 	var arena []byte
 	var ends []int
 	err := b.db.Update(func(tx *bolt.Tx) error {
@@ -216,10 +228,11 @@ func (b *Bronze) Append(recs []Record) error {
 			size += uvarintLen(uint64(n)) + n
 		}
 		if b.opts.MaxBytes > 0 && bytes+add > b.opts.MaxBytes {
-			n, freed, err := b.trimTx(tx, b.checkpoint.Load(), 0, bytes+add-b.opts.MaxBytes, math.MaxInt)
+			n, freed, newest, err := b.trimIn(tx, 0, math.MaxUint64, bytes+add-b.opts.MaxBytes, math.MaxInt)
 			if err != nil {
 				return err
 			}
+			trimmedNewest = newest
 			records -= int64(n)
 			bytes -= freed
 			if bytes+add > b.opts.MaxBytes {
@@ -269,6 +282,7 @@ func (b *Bronze) Append(recs []Record) error {
 	}
 	b.full.Store(false)
 	b.next, b.records, b.bytes = next, records, bytes
+	b.trimmedNewest.Store(max(b.trimmedNewest.Load(), trimmedNewest))
 	b.addTail(next-uint64(len(recs)), arena, ends)
 	b.lastSeq.Store(next - 1)
 	return nil
@@ -597,8 +611,19 @@ func (b *Bronze) Trim(limit int) (deleted int, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var cutoff int64
+	youngFrom := uint64(math.MaxUint64)
 	if b.opts.Retention > 0 {
-		cutoff = b.opts.Clock().Add(-b.opts.Retention).UnixNano()
+		now := b.opts.Clock()
+		cutoff = now.Add(-b.opts.Retention).UnixNano()
+		if now.Sub(b.openedAt) < b.opts.Retention {
+			// Nothing this process appended is older than the retention,
+			// whatever its stamp says: a gateway that booted with its
+			// clock in 1970 stamps its first records so, and NTP's step
+			// would have them trimmed at once, before a replay could
+			// recover the readings they held. The difference is Go's
+			// monotonic one, which clock steps do not move.
+			youngFrom = b.openedNext
+		}
 	}
 	var over int64
 	if b.opts.MaxBytes > 0 && b.bytes > b.opts.MaxBytes {
@@ -607,10 +632,10 @@ func (b *Bronze) Trim(limit int) (deleted int, err error) {
 	if cutoff == 0 && over == 0 {
 		return 0, nil
 	}
-	var freed int64
+	var freed, newest int64
 	err = b.db.Update(func(tx *bolt.Tx) error {
 		var err error
-		deleted, freed, err = b.trimTx(tx, b.checkpoint.Load(), cutoff, over, limit)
+		deleted, freed, newest, err = b.trimIn(tx, cutoff, youngFrom, over, limit)
 		if err != nil || deleted == 0 {
 			return err
 		}
@@ -621,19 +646,37 @@ func (b *Bronze) Trim(limit int) (deleted int, err error) {
 	}
 	b.records -= int64(deleted)
 	b.bytes -= freed
+	b.trimmedNewest.Store(max(b.trimmedNewest.Load(), newest))
 	return deleted, nil
 }
 
+// trimIn is trimTx from the checkpoint, recording the newest received-at
+// it deleted (TrimmedNewest); the caller raises b.trimmedNewest to it once
+// tx commits.
+func (b *Bronze) trimIn(tx *bolt.Tx, cutoff int64, youngFrom uint64, over int64, limit int) (n int, freed, newest int64, err error) {
+	n, freed, newest, err = b.trimTx(tx, b.checkpoint.Load(), cutoff, youngFrom, over, limit)
+	if err == nil && newest > b.trimmedNewest.Load() {
+		err = boltkv.PutUint(tx.Bucket(bucketMeta), keyTrimmed, uint64(newest))
+	}
+	return n, freed, newest, err
+}
+
+// TrimmedNewest is the newest received-at (Unix ns) among the records Trim
+// deleted, 0 when none were or a build before it trimmed them. Stamps
+// mostly rise with sequences, but not after the gateway's clock stepped
+// back, so the oldest record left does not tell what the trimmed ones
+// held (window.Replay's whole windows).
+func (b *Bronze) TrimmedNewest() int64 { return b.trimmedNewest.Load() }
+
 // trimTx deletes chunks from the oldest while all their records are
-// checkpointed and either received before cutoff (unix ns) or needed to free
-// over bytes. A chunk goes whole: it may free more than over, and a chunk
-// with a record past the checkpoint or the cutoff stays, older records and
-// all. It stops once it deleted limit records or more.
-func (b *Bronze) trimTx(tx *bolt.Tx, checkpoint uint64, cutoff, over int64, limit int) (int, int64, error) {
+// checkpointed and either received before cutoff (unix ns) and before
+// sequence youngFrom, or needed to free over bytes. A chunk goes whole: it
+// may free more than over, and a chunk with a record past the checkpoint
+// or the cutoff stays, older records and all. It stops once it deleted
+// limit records or more.
+func (b *Bronze) trimTx(tx *bolt.Tx, checkpoint uint64, cutoff int64, youngFrom uint64, over int64, limit int) (n int, freed, trimmedNewest int64, err error) {
 	log := tx.Bucket(bucketLog)
 	c := log.Cursor()
-	var n int
-	var freed int64
 	for k, v := c.First(); k != nil && n < limit; k, v = c.First() {
 		first := binary.BigEndian.Uint64(k)
 		var count int
@@ -648,18 +691,20 @@ func (b *Bronze) trimTx(tx *bolt.Tx, checkpoint uint64, cutoff, over int64, limi
 			return true, err
 		})
 		if err != nil {
-			return n, freed, err
+			return n, freed, trimmedNewest, err
 		}
-		if first+uint64(count)-1 > checkpoint || (freed >= over && newest >= cutoff) {
+		last := first + uint64(count) - 1
+		if last > checkpoint || (freed >= over && (newest >= cutoff || last >= youngFrom)) {
 			break
 		}
 		if err := c.Delete(); err != nil {
-			return n, freed, fmt.Errorf("delete records %d-%d: %w", first, first+uint64(count)-1, err)
+			return n, freed, trimmedNewest, fmt.Errorf("delete records %d-%d: %w", first, last, err)
 		}
 		n += count
 		freed += size
+		trimmedNewest = max(trimmedNewest, newest)
 	}
-	return n, freed, nil
+	return n, freed, trimmedNewest, nil
 }
 
 func (b *Bronze) putMeta(tx *bolt.Tx, next uint64, records, bytes int64) error {

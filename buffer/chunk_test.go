@@ -327,3 +327,87 @@ func TestSkipTo(t *testing.T) {
 		t.Fatalf("Stats = %+v, %v", st, err)
 	}
 }
+
+// TestTrimRecordsTheNewestStampItDeleted: Trim and an Append over the byte
+// bound keep the newest received-at they deleted, across a reopen; stamps
+// need not rise with sequences (a gateway clock stepped back), so it is
+// the newest of all deleted, not the last.
+func TestTrimRecordsTheNewestStampItDeleted(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "bronze.db")
+	b, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(10_000, 0)
+	stamp := func(d time.Duration) int64 { return t0.Add(d).UnixNano() }
+	appendChunks(t, b, t0.Add(-time.Hour), 3) // t0-1h+1s … +3s
+	appendChunks(t, b, t0, 3)                 // t0+1s … t0+3s
+	appendChunks(t, b, t0.Add(-2*time.Hour), 3)
+	if b.TrimmedNewest() != 0 {
+		t.Fatalf("TrimmedNewest %d before any trim", b.TrimmedNewest())
+	}
+	b.SetCheckpoint(9)
+	st, err := b.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.SetLimits(0, st.Bytes-1) // the first chunk goes
+	if n, err := b.Trim(0); err != nil || n != 3 || b.TrimmedNewest() != stamp(-time.Hour+3*time.Second) {
+		t.Fatalf("Trim deleted %d (%v), TrimmedNewest %v; want the first chunk's 3 and newest", n, err, time.Unix(0, b.TrimmedNewest()))
+	}
+	// An Append over the bound trims the second chunk, then Trim the
+	// third, stamped older: the newest is the second chunk's.
+	b.SetLimits(0, st.Bytes/2)
+	appendChunks(t, b, t0.Add(-3*time.Hour), 1)
+	if b.TrimmedNewest() != stamp(3*time.Second) {
+		t.Fatalf("after the Append's trim TrimmedNewest %v, want the second chunk's newest", time.Unix(0, b.TrimmedNewest()))
+	}
+	b.SetCheckpoint(10)
+	b.SetLimits(0, 1)
+	if n, err := b.Trim(0); err != nil || n == 0 || b.TrimmedNewest() != stamp(3*time.Second) {
+		t.Fatalf("Trim deleted %d (%v), TrimmedNewest %v; want the second chunk's newest kept", n, err, time.Unix(0, b.TrimmedNewest()))
+	}
+	b = reopen(t, b, Options{})
+	if b.TrimmedNewest() != stamp(3*time.Second) {
+		t.Fatalf("reopened: TrimmedNewest %v", time.Unix(0, b.TrimmedNewest()))
+	}
+}
+
+// TestTrimKeepsWhatThisProcessAppendedWithinTheRetention: a gateway that
+// booted with its clock in 1970 stamps its first records so; once NTP
+// steps the clock, their stamps say they are decades old, but this
+// process appended them moments ago (Go's monotonic clock), so retention
+// keeps them for a replay to recover. A later process goes by the stamps.
+func TestTrimKeepsWhatThisProcessAppendedWithinTheRetention(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "bronze.db")
+	b, err := Open(path, Options{Retention: 7 * 24 * time.Hour}) // the real clock
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendChunks(t, b, time.Unix(0, 0), 3, 3) // stamped in January 1970
+	b.SetCheckpoint(6)
+	if n, err := b.Trim(0); err != nil || n != 0 {
+		t.Fatalf("Trim deleted %d (%v) of the records this process appended moments ago", n, err)
+	}
+	b = reopen(t, b, Options{Retention: 7 * 24 * time.Hour})
+	b.SetCheckpoint(6)
+	if n, err := b.Trim(0); err != nil || n != 6 {
+		t.Fatalf("after a restart Trim deleted %d (%v), want all 6 by their stamps", n, err)
+	}
+}
+
+// reopen closes b and opens its file again with opts, closed at the end
+// of the test.
+func reopen(t *testing.T, b *Bronze, opts Options) *Bronze {
+	t.Helper()
+	path := b.Path()
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := Open(path, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}

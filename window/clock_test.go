@@ -84,3 +84,107 @@ func TestSteppedBackClockIsDeterministic(t *testing.T) {
 		}
 	}
 }
+
+// TestReplayAfterAStepBackSkipsWhatTrimmedRecordsHeld: readings without a
+// timestamp take their arrival stamp, which ran an hour ahead until the
+// clock stepped back. Once Bronze trimmed the stamped-ahead records, the
+// oldest record left is older than what was trimmed: windows are whole
+// only from the newest trimmed stamp on (an audit: replay replaced a
+// window of six readings in the cloud with another six).
+func TestReplayAfterAStepBackSkipsWhatTrimmedRecordsHeld(t *testing.T) {
+	cfg := testConfig(t) // raw/{device}/{metric}: a number, stamped
+	var recs []buffer.Record
+	for i := range 360 {
+		recv := t0.Add(30*time.Minute + time.Duration(i%180)*10*time.Second)
+		if i < 180 {
+			recv = recv.Add(30 * time.Minute) // an hour ahead of the second half
+		}
+		recs = append(recs, msg("raw/d1/temp", fmt.Sprint(i), recv))
+	}
+	br := openBronze(t, "")
+	appendAll(t, br, recs)
+	db, s := runFresh(t, br, cfg)
+	if err := s.Checkpoint(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := br.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	br.SetLimits(0, st.Bytes/3) // the stamped-ahead half and some of the rest go
+	if n, err := br.Trim(0); err != nil || n <= 180 {
+		t.Fatalf("trimmed %d records: %v", n, err)
+	}
+	fresh := openDB(t, "", true)
+	res, err := Replay(fresh, br, cfg, t0, t0.Add(3*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	newest := time.Unix(0, br.TrimmedNewest()).UTC()
+	if want := t0.Add(time.Hour + 179*10*time.Second); !newest.Equal(want) {
+		t.Fatalf("Bronze says the newest trimmed stamp is %v, want %v", newest, want)
+	}
+	if !res.WholeFrom.Equal(newest.Add(cfg.withDefaults().MaxFutureSkew)) {
+		t.Fatalf("replay takes windows as whole from %v; the newest trimmed stamp is %v", res.WholeFrom, newest)
+	}
+	// Replay counts readings the live stage found late: a window it sends
+	// is whole only if no trimmed record may have had readings in it.
+	whole := newest.Add(cfg.withDefaults().MaxFutureSkew).UnixMilli()
+	for _, a := range decodeOutbox(t, fresh) {
+		if a.Start < whole {
+			t.Fatalf("replayed %s (count %d), a window the trimmed records had readings in", a.Key, a.Count)
+		}
+	}
+	if len(decodeOutbox(t, db)) == 0 || res.Partial == 0 {
+		t.Fatalf("the live stage emitted nothing, or replay skipped nothing: %+v", res)
+	}
+}
+
+// TestReplayRecoversReadingsOfAClockBehind: a gateway that booted with its
+// clock three days behind (fake-hwclock after three days off) dead-letters
+// its devices' readings as time_future; a replay with the skew raised takes
+// them in. Which windows trimmed records may have had readings in is
+// bounded by the skew the live stage decided under, not the replay's own:
+// with 9000h, every window had been skipped (an audit).
+func TestReplayRecoversReadingsOfAClockBehind(t *testing.T) {
+	cfg := testConfig(t)
+	off := 72 * time.Hour
+	var recs []buffer.Record
+	for i := range 720 { // two hours, every 10 s
+		et := t0.Add(time.Duration(i) * 10 * time.Second)
+		recv := et
+		if i >= 360 {
+			recv = et.Add(-off) // the second hour stamped three days behind
+		}
+		recs = append(recs, telemetry("d1", fmt.Sprint(i), et, recv, float64(i)))
+	}
+	br := openBronze(t, "")
+	appendAll(t, br, recs)
+	db, s := runFresh(t, br, cfg)
+	if err := s.Checkpoint(); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.Stats().DeadLetters[CodeTimeFuture]; n != 360 {
+		t.Fatalf("%d readings dead-lettered time_future, want 360", n)
+	}
+	st, err := br.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	br.SetLimits(0, st.Bytes*3/4) // some of the first hour goes
+	if n, err := br.Trim(0); err != nil || n == 0 || n >= 360 {
+		t.Fatalf("trimmed %d records: %v", n, err)
+	}
+	raised := cfg
+	raised.MaxFutureSkew = 9000 * time.Hour
+	res, err := Replay(db, br, raised, t0.Add(time.Hour), t0.Add(2*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Windows != 60 || res.Partial != 0 {
+		t.Fatalf("replayed %+v, want the second hour's 60 windows", res)
+	}
+	if want := time.Unix(0, br.TrimmedNewest()).Add(cfg.withDefaults().MaxFutureSkew).UTC(); !res.WholeFrom.Equal(want) {
+		t.Fatalf("whole from %v, want the newest trimmed stamp plus the live skew, %v", res.WholeFrom, want)
+	}
+}

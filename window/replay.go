@@ -100,6 +100,10 @@ func replay(db *bolt.DB, src Source, cfg Config, from, to time.Time, res *Replay
 		return 0, fmt.Errorf("%w: replay range [%v, %v) is empty", ErrInvalidConfig, from, to)
 	}
 	fromMs, toMs := from.UnixMilli(), to.UnixMilli()
+	liveSkew, err := storedFutureSkew(db, cfg.MaxFutureSkew)
+	if err != nil {
+		return 0, err
+	}
 	e := newEngine(&cfg)
 	type wkey struct {
 		dev, metric string
@@ -120,7 +124,7 @@ func replay(db *bolt.DB, src Source, cfg Config, from, to time.Time, res *Replay
 			return 0, fmt.Errorf("replay: read bronze from %d: %w", next, err)
 		}
 		if next == 0 && len(recs) > 0 && recs[0].Seq > 1 {
-			wholeMs = floorDiv(recs[0].ReceivedAt, 1e6) + cfg.MaxFutureSkew.Milliseconds()
+			wholeMs = floorDiv(trimmedNewest(src, recs[0].ReceivedAt), 1e6) + liveSkew.Milliseconds()
 			res.WholeFrom = time.UnixMilli(wholeMs).UTC()
 		}
 		for i := range recs {
@@ -187,7 +191,7 @@ func replay(db *bolt.DB, src Source, cfg Config, from, to time.Time, res *Replay
 	at := floorDiv(clock, 1e6)
 
 	var rev uint32
-	err := db.Update(func(tx *bolt.Tx) error {
+	err = db.Update(func(tx *bolt.Tx) error {
 		if err := createBuckets(tx); err != nil {
 			return err
 		}
@@ -236,4 +240,49 @@ func replay(db *bolt.DB, src Source, cfg Config, from, to time.Time, res *Replay
 	}
 	res.Partial = len(partial)
 	return len(wins), nil
+}
+
+// trimmedNewest is the newest received-at among the records Bronze
+// trimmed, or, from a log that does not say (trimmed by an older build, or
+// lost), oldestLeft: the stamps of the records left, which rise with their
+// sequences unless the gateway's clock stepped back.
+func trimmedNewest(src Source, oldestLeft int64) int64 {
+	if t, ok := src.(interface{ TrimmedNewest() int64 }); ok && t.TrimmedNewest() != 0 {
+		return t.TrimmedNewest()
+	}
+	return oldestLeft
+}
+
+// storedFutureSkew is readings.max_future_skew as the live stage last
+// decided under it (the behaviour stored with its checkpoints), or def.
+// It, not a replay's own (raised to take in readings dead-lettered under a
+// wrong clock), bounds how far ahead of its arrival a reading the cloud
+// holds may be, and so which windows trimmed records may have had
+// readings in.
+func storedFutureSkew(db *bolt.DB, def time.Duration) (time.Duration, error) {
+	skew := def
+	err := db.View(func(tx *bolt.Tx) error {
+		m := tx.Bucket(bucketMeta)
+		if m == nil || m.Get(keyBehaviour) == nil {
+			return nil
+		}
+		items, err := decodeFingerprint(m.Get(keyBehaviour))
+		if err != nil {
+			return err
+		}
+		for _, it := range items {
+			if it.Key == "readings.max_future_skew" {
+				d, err := time.ParseDuration(it.Value)
+				if err != nil {
+					return fmt.Errorf("%w: stored readings.max_future_skew %q: %v", ErrCorruptState, it.Value, err)
+				}
+				skew = d
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("replay: read the stored settings: %w", err)
+	}
+	return skew, nil
 }

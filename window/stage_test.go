@@ -833,13 +833,14 @@ func TestReplayAfterLostStateGoesAboveTheFloor(t *testing.T) {
 func TestReplaySkipsWindowsBronzeNoLongerHoldsWhole(t *testing.T) {
 	cfg := testConfig(t)
 	recs := genStream(25, cfg, genOpts{devices: 3, duration: 90 * time.Minute, period: 10 * time.Second})
-	now := time.Unix(0, recs[len(recs)-1].ReceivedAt)
+	now := time.Unix(0, recs[0].ReceivedAt) // the log was opened when the first arrived
 	br, err := buffer.Open(filepath.Join(t.TempDir(), "bronze.db"), buffer.Options{Retention: 45 * time.Minute, Clock: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { br.Close() })
 	appendAll(t, br, recs)
+	now = time.Unix(0, recs[len(recs)-1].ReceivedAt)
 	db, s := runFresh(t, br, cfg)
 	if err := s.Checkpoint(); err != nil {
 		t.Fatal(err)
