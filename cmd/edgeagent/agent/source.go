@@ -174,10 +174,10 @@ func (s *statusSource) Snapshot() status.Snapshot {
 		snap.Uplink.State = string(us.Link)
 		snap.Uplink.Since = us.LinkSince.UTC()
 		if !us.NotUpSince.IsZero() {
-			snap.Uplink.DownSince = us.NotUpSince.UTC()
+			snap.Uplink.DownSince, snap.Uplink.DownFor = us.NotUpSince.UTC(), now.Sub(us.NotUpSince)
 		}
 		if !us.FailingSince.IsZero() {
-			snap.Uplink.FailingSince = us.FailingSince.UTC()
+			snap.Uplink.FailingSince, snap.Uplink.FailingFor = us.FailingSince.UTC(), now.Sub(us.FailingSince)
 		}
 		snap.Uplink.ReconnectsTotal = us.Reconnects
 		snap.Uplink.BatchesSent = us.BatchesSent

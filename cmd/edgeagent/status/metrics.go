@@ -143,8 +143,8 @@ func WriteMetrics(w io.Writer, snap Snapshot) {
 	// How long sending has been failing (refused or unacknowledged,
 	// across reconnects); 0 while batches are acknowledged.
 	failing := 0.0
-	if !up.FailingSince.IsZero() && snap.Time.After(up.FailingSince) {
-		failing = snap.Time.Sub(up.FailingSince).Seconds()
+	if d := up.failingFor(snap.Time); !up.FailingSince.IsZero() && d > 0 {
+		failing = d.Seconds()
 	}
 	g("edgeagent_uplink_failing_seconds", failing)
 	g("edgeagent_uplink_sealed_batches", float64(up.SealedBatches))

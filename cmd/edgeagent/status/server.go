@@ -282,7 +282,7 @@ func Warnings(snap *Snapshot, trigger time.Duration) []string {
 	}
 	downLong := false
 	if snap.Uplink.State != "up" && snap.Uplink.State != "disabled" && !snap.Uplink.DownSince.IsZero() {
-		if d := snap.Time.Sub(snap.Uplink.DownSince); d >= linkDownWarnAfter {
+		if d := snap.Uplink.downFor(snap.Time); d >= linkDownWarnAfter {
 			downLong = true
 			w = append(w, withReason(fmt.Sprintf("uplink down for %s", d.Round(time.Second)), snap.Uplink.LastError))
 		}
@@ -290,7 +290,7 @@ func Warnings(snap *Snapshot, trigger time.Duration) []string {
 	// A link that comes up and fails again (a batch the server refuses)
 	// is never down for long; what shows it is that nothing is delivered.
 	if !downLong && snap.Uplink.SealedBatches > 0 && !snap.Uplink.FailingSince.IsZero() {
-		if d := snap.Time.Sub(snap.Uplink.FailingSince); d >= linkDownWarnAfter {
+		if d := snap.Uplink.failingFor(snap.Time); d >= linkDownWarnAfter {
 			w = append(w, withReason(fmt.Sprintf("uplink not delivering for %s (it connects, but the oldest batch is refused or not acknowledged)", d.Round(time.Second)), snap.Uplink.LastError))
 		}
 	}

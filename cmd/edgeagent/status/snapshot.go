@@ -156,18 +156,24 @@ type Uplink struct {
 	// FailingSince is when sending last failed (a refused or unacknowledged
 	// batch, a dropped link) with nothing acknowledged since; absent once a
 	// batch is. It outlives reconnects, which DownSince does not.
-	FailingSince    time.Time `json:"failing_since,omitzero"`
-	ReconnectsTotal uint64    `json:"reconnects_total"`
-	BatchesSent     uint64    `json:"batches_sent_total"`
-	AggregatesSent  uint64    `json:"aggregates_sent_total"`
-	AlertsSent      uint64    `json:"alerts_sent_total"`
-	BytesSent       uint64    `json:"bytes_sent_total"`
-	Resends         uint64    `json:"resends_total"`
-	Duplicates      uint64    `json:"duplicates_total"`
-	AckTimeouts     uint64    `json:"ack_timeouts_total"`
-	LastAckSeconds  float64   `json:"last_ack_seconds"`
-	SealedBatches   uint64    `json:"sealed_batches"`
-	LastError       string    `json:"last_error,omitempty"`
+	FailingSince time.Time `json:"failing_since,omitzero"`
+	// DownFor and FailingFor are how long since DownSince and FailingSince
+	// by Go's monotonic clock, which a step of the gateway's clock does
+	// not move (after NTP's step at boot the stamps say decades); zero
+	// where the snapshot does not know, and Time is used.
+	DownFor         time.Duration `json:"-"`
+	FailingFor      time.Duration `json:"-"`
+	ReconnectsTotal uint64        `json:"reconnects_total"`
+	BatchesSent     uint64        `json:"batches_sent_total"`
+	AggregatesSent  uint64        `json:"aggregates_sent_total"`
+	AlertsSent      uint64        `json:"alerts_sent_total"`
+	BytesSent       uint64        `json:"bytes_sent_total"`
+	Resends         uint64        `json:"resends_total"`
+	Duplicates      uint64        `json:"duplicates_total"`
+	AckTimeouts     uint64        `json:"ack_timeouts_total"`
+	LastAckSeconds  float64       `json:"last_ack_seconds"`
+	SealedBatches   uint64        `json:"sealed_batches"`
+	LastError       string        `json:"last_error,omitempty"`
 }
 
 // Alerts are the alert rules' figures and the local publisher's.
@@ -206,4 +212,20 @@ type DeadLetter struct {
 	Code       string    `json:"code"`
 	Reason     string    `json:"reason"`
 	Payload    string    `json:"payload,omitempty"`
+}
+
+// downFor is how long the link has not been up (see DownFor).
+func (u *Uplink) downFor(now time.Time) time.Duration {
+	if u.DownFor > 0 {
+		return u.DownFor
+	}
+	return now.Sub(u.DownSince)
+}
+
+// failingFor is how long sending has failed (see FailingFor).
+func (u *Uplink) failingFor(now time.Time) time.Duration {
+	if u.FailingFor > 0 {
+		return u.FailingFor
+	}
+	return now.Sub(u.FailingSince)
 }

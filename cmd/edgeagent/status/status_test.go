@@ -204,6 +204,18 @@ func TestWarnings(t *testing.T) {
 	if w := Warnings(&flapping, time.Second); len(w) != 0 {
 		t.Errorf("warned after a minute of failures: %v", w)
 	}
+	// Since a 1970 boot that NTP corrected: the stamps say decades, the
+	// monotonic durations a minute.
+	booted := Snapshot{Time: snap.Time, Ingest: Ingest{Connected: true}, Uplink: Uplink{State: "down", SealedBatches: 3,
+		DownSince: time.Unix(0, 0), DownFor: time.Minute, FailingSince: time.Unix(0, 0), FailingFor: time.Minute}}
+	if w := Warnings(&booted, time.Second); len(w) != 0 {
+		t.Errorf("warned of a link down for a minute since a clock step: %v", w)
+	}
+	var metrics strings.Builder
+	WriteMetrics(&metrics, booted)
+	if !strings.Contains(metrics.String(), "\nedgeagent_uplink_failing_seconds 60\n") {
+		t.Errorf("failing seconds after a clock step:\n%s", metrics.String())
+	}
 	// The gateway clock went back two days (a Pi without RTC, corrected):
 	// said, with how far; a second of NTP step is not.
 	back := Snapshot{Time: snap.Time, Ingest: Ingest{Connected: true}, Uplink: Uplink{State: "up"}, Window: Window{LoggedClock: snap.Time.Add(48 * time.Hour)}}
