@@ -47,14 +47,14 @@ func checkTables(dataDir string, exp *truth.Expected, atLeastOnce bool) (*Tables
 			return err
 		}
 		for _, l := range ls {
-			late[truth.LateRow{Device: l.Device, Metric: l.Metric, EventTime: l.EventTime, WindowStart: l.WindowStart}]++
+			late[truth.LateRow{Device: l.Device, Metric: l.Metric, EventTime: l.EventTime, WindowStart: l.WindowStart, Value: l.Value}]++
 		}
 		ds, err := window.ReadDeadLetters(tx, window.Filter{}, maxTableRows)
 		if err != nil {
 			return err
 		}
 		for _, d := range ds {
-			dead[truth.DeadRow{Topic: d.Topic, Payload: string(d.Payload)}]++
+			dead[truth.DeadRow{Topic: d.Topic, Payload: string(d.Payload), Code: d.Code}]++
 		}
 		return nil
 	})

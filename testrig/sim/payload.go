@@ -7,6 +7,7 @@ import (
 	"github.com/fxamacker/cbor/v2"
 
 	"github.com/edgeagent/edgeagent/testrig/scenario"
+	"github.com/edgeagent/edgeagent/window"
 )
 
 // cborMode sorts map keys so a payload's bytes depend on its content only.
@@ -63,7 +64,7 @@ func (d *deviceGen) malformed(k int, m Message) Message {
 	}
 	if k == 5 {
 		// Over ingest.max_payload_bytes: refused by ingest before parsing.
-		bad.Kind, bad.Note = KindOversized, "oversized"
+		bad.Kind, bad.Note, bad.Code = KindOversized, "oversized", window.CodeRejected
 		pad := strings.Repeat("x", int(d.sc.Agent.MaxPayloadBytes)+512)
 		if d.grp.Format == scenario.FormatNumber {
 			bad.Payload = []byte("21.5" + strings.Repeat(" ", int(d.sc.Agent.MaxPayloadBytes)+512))
@@ -79,37 +80,37 @@ func (d *deviceGen) malformed(k int, m Message) Message {
 	switch d.grp.Format {
 	case scenario.FormatNumber:
 		bad.Payload = []byte([]string{"abc", "1.2.3", `{"v":1}`, "NaN", "12,5"}[k])
-		bad.Note = "not-a-number"
+		bad.Note, bad.Code = "not-a-number", window.CodeNotNumber
 	case scenario.FormatCBOR:
 		var v any
 		switch k {
 		case 0: // truncated: not CBOR
 			full, _ := cborMode.Marshal(map[string]any{"id": id, "ts": ts, "temperature": 21.5})
-			bad.Payload, bad.Note = full[:len(full)-3], "truncated-cbor"
+			bad.Payload, bad.Note, bad.Code = full[:len(full)-3], "truncated-cbor", window.CodeNotCBOR
 			return bad
 		case 1:
-			v, bad.Note = []any{1, 2, 3}, "not-a-map"
+			v, bad.Note, bad.Code = []any{1, 2, 3}, "not-a-map", window.CodeNotObject
 		case 2:
-			v, bad.Note = map[string]any{"id": id, "temperature": 21.5}, "no-ts"
+			v, bad.Note, bad.Code = map[string]any{"id": id, "temperature": 21.5}, "no-ts", window.CodeTimeMissing
 		case 3:
-			v, bad.Note = map[string]any{"id": id, "ts": "yesterday", "temperature": 21.5}, "bad-ts"
+			v, bad.Note, bad.Code = map[string]any{"id": id, "ts": "yesterday", "temperature": 21.5}, "bad-ts", window.CodeTimeInvalid
 		default:
-			v, bad.Note = map[string]any{"id": id, "ts": ts, "status": "ok"}, "no-metrics"
+			v, bad.Note, bad.Code = map[string]any{"id": id, "ts": ts, "status": "ok"}, "no-metrics", window.CodeNoMetrics
 		}
 		bad.Payload, _ = cborMode.Marshal(v)
 	default:
 		tsText := strconv.FormatInt(ts, 10)
 		switch k {
 		case 0:
-			bad.Payload, bad.Note = []byte(`{"id":"`+id+`","ts":`+tsText+`,"temperature":`), "truncated-json"
+			bad.Payload, bad.Note, bad.Code = []byte(`{"id":"`+id+`","ts":`+tsText+`,"temperature":`), "truncated-json", window.CodeNotJSON
 		case 1:
-			bad.Payload, bad.Note = []byte(`[1,2,3]`), "not-an-object"
+			bad.Payload, bad.Note, bad.Code = []byte(`[1,2,3]`), "not-an-object", window.CodeNotObject
 		case 2:
-			bad.Payload, bad.Note = []byte(`{"id":"`+id+`","temperature":21.5}`), "no-ts"
+			bad.Payload, bad.Note, bad.Code = []byte(`{"id":"`+id+`","temperature":21.5}`), "no-ts", window.CodeTimeMissing
 		case 3:
-			bad.Payload, bad.Note = []byte(`{"id":"`+id+`","ts":"yesterday","temperature":21.5}`), "bad-ts"
+			bad.Payload, bad.Note, bad.Code = []byte(`{"id":"`+id+`","ts":"yesterday","temperature":21.5}`), "bad-ts", window.CodeTimeInvalid
 		default:
-			bad.Payload, bad.Note = []byte(`{"id":"`+id+`","ts":`+tsText+`,"status":"ok"}`), "no-metrics"
+			bad.Payload, bad.Note, bad.Code = []byte(`{"id":"`+id+`","ts":`+tsText+`,"status":"ok"}`), "no-metrics", window.CodeNoMetrics
 		}
 	}
 	return bad

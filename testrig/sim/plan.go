@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/edgeagent/edgeagent/testrig/scenario"
+	"github.com/edgeagent/edgeagent/window"
 )
 
 // Topic templates the rig's agent configuration subscribes to, one per
@@ -67,6 +68,9 @@ type Message struct {
 	Retry bool
 	// Note names the misbehaviour that made the message, "" for none.
 	Note string
+	// Code is the dead-letter reason code the agent must give a message
+	// it refuses (window.Code*), "" for a reading.
+	Code string
 }
 
 // Reading is the content of a valid reading.
@@ -440,10 +444,10 @@ func (d *deviceGen) structuredMessages(pts []point) {
 		r := &Reading{ID: d.nextID(), TS: d.p.Base + pt.devMs, Metrics: d.metrics(pt.devMs, pt.renamed)}
 		m := Message{Topic: topic, SendAt: pt.sendAt, Kind: KindReading, Reading: r, Note: pt.note}
 		if pt.glitch {
-			m.Kind, m.Note = KindGlitch, "clock-"+d.skew
+			m.Kind, m.Note, m.Code = KindGlitch, "clock-"+d.skew, window.CodeTimePast
 			ts := int64(86_400_000) // 1970-01-02
 			if d.skew == scenario.SkewFuture {
-				ts = d.p.Start.Add(365 * 24 * time.Hour).UnixMilli()
+				ts, m.Code = d.p.Start.Add(365*24*time.Hour).UnixMilli(), window.CodeTimeFuture
 			}
 			m.Payload = d.encode(&Reading{ID: r.ID, TS: ts, Metrics: r.Metrics})
 			m.Reading = nil

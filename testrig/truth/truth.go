@@ -99,13 +99,15 @@ type Expected struct {
 type LateRow struct {
 	Device, Metric         string
 	EventTime, WindowStart int64 // Unix ms
+	Value                  float64
 }
 
-// DeadRow is a dead-letter row as the rig compares it: the topic and the
+// DeadRow is a dead-letter row as the rig compares it: the topic, the
 // payload's first window.DeadLetterPayloadBytes, which is what the table
-// keeps.
+// keeps, and the reason code.
 type DeadRow struct {
 	Topic, Payload string
+	Code           string // the reason code (window.Code*)
 }
 
 // devState mirrors the agent's per-device state.
@@ -152,7 +154,7 @@ func Compute(plan *sim.Plan, sent []int, sentAt [][]int64, s Settings) *Expected
 			if m.Kind != sim.KindReading {
 				e.Dead++
 				e.DeadByNote[m.Kind.String()+"/"+m.Note]++
-				e.DeadRows[DeadRow{m.Topic, string(m.Payload[:min(len(m.Payload), window.DeadLetterPayloadBytes)])}]++
+				e.DeadRows[DeadRow{m.Topic, string(m.Payload[:min(len(m.Payload), window.DeadLetterPayloadBytes)]), m.Code}]++
 				continue
 			}
 			if !m.Retry {
@@ -186,7 +188,7 @@ func Compute(plan *sim.Plan, sent []int, sentAt [][]int64, s Settings) *Expected
 					end := start + sizeMs
 					if end <= st.finalBefore {
 						e.Late++
-						e.LateRows[LateRow{dev.Name, mt.Name, t, start}]++
+						e.LateRows[LateRow{dev.Name, mt.Name, t, start, mt.Value}]++
 						late = true
 						continue
 					}

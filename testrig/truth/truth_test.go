@@ -1,9 +1,12 @@
 package truth_test
 
 import (
+	"fmt"
+	"maps"
 	"math"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -281,6 +284,35 @@ func checkAgainstStage(t *testing.T, sc *scenario.Scenario) *truth.Expected {
 		t.Fatalf("counters: stage late %d duplicates %d dead %d; truth late %d duplicates %d dead %d (%v)",
 			st.Late, st.Duplicates, dead, exp.Late, exp.Duplicates, exp.Dead, st.DeadLetters)
 	}
+	// The tables row by row: which reading was late with what value, and
+	// which message was dead-lettered with what reason code.
+	lateRows, deadRows := map[truth.LateRow]int{}, map[truth.DeadRow]int{}
+	err = db.View(func(tx *bolt.Tx) error {
+		ls, err := window.ReadLate(tx, window.Filter{}, math.MaxInt)
+		if err != nil {
+			return err
+		}
+		for _, l := range ls {
+			lateRows[truth.LateRow{Device: l.Device, Metric: l.Metric, EventTime: l.EventTime, WindowStart: l.WindowStart, Value: l.Value}]++
+		}
+		ds, err := window.ReadDeadLetters(tx, window.Filter{}, math.MaxInt)
+		if err != nil {
+			return err
+		}
+		for _, d := range ds {
+			deadRows[truth.DeadRow{Topic: d.Topic, Payload: string(d.Payload), Code: d.Code}]++
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(lateRows, exp.LateRows) {
+		t.Fatalf("late rows differ from the truth's:\n%s", rowDiff(lateRows, exp.LateRows))
+	}
+	if !maps.Equal(deadRows, exp.DeadRows) {
+		t.Fatalf("dead-letter rows differ from the truth's:\n%s", rowDiff(deadRows, exp.DeadRows))
+	}
 	if len(exp.Windows) == 0 {
 		t.Fatal("the plan produced no windows")
 	}
@@ -374,4 +406,21 @@ func TestTransitionsByHand(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("transitions\n got %v\nwant %v", got, want)
 	}
+}
+
+// rowDiff lists up to ten rows whose counts differ between got and want.
+func rowDiff[K comparable](got, want map[K]int) string {
+	var out []string
+	for k, n := range want {
+		if got[k] != n {
+			out = append(out, fmt.Sprintf("%+v: %d in the table, truth %d", k, got[k], n))
+		}
+	}
+	for k, n := range got {
+		if _, ok := want[k]; !ok {
+			out = append(out, fmt.Sprintf("%+v: %d in the table, truth 0", k, n))
+		}
+	}
+	slices.Sort(out)
+	return strings.Join(out[:min(10, len(out))], "\n")
 }
