@@ -8,7 +8,6 @@ import (
 
 	"github.com/edgeagent/edgeagent/internal/boltkv"
 	"github.com/edgeagent/edgeagent/testrig/truth"
-	"github.com/edgeagent/edgeagent/window"
 )
 
 // Tables compares the agent's late and dead-letter tables with the rows
@@ -40,23 +39,11 @@ func checkTables(dataDir string, exp *truth.Expected, atLeastOnce bool) (*Tables
 		return nil, fmt.Errorf("read the agent's tables: %w", err)
 	}
 	defer db.Close()
-	late, dead := map[truth.LateRow]int{}, map[truth.DeadRow]int{}
+	var late map[truth.LateRow]int
+	var dead map[truth.DeadRow]int
 	err = db.View(func(tx *bolt.Tx) error {
-		ls, err := window.ReadLate(tx, window.Filter{}, maxTableRows)
-		if err != nil {
-			return err
-		}
-		for _, l := range ls {
-			late[truth.LateRow{Device: l.Device, Metric: l.Metric, EventTime: l.EventTime, WindowStart: l.WindowStart, Value: l.Value}]++
-		}
-		ds, err := window.ReadDeadLetters(tx, window.Filter{}, maxTableRows)
-		if err != nil {
-			return err
-		}
-		for _, d := range ds {
-			dead[truth.DeadRow{Topic: d.Topic, Payload: string(d.Payload), Code: d.Code}]++
-		}
-		return nil
+		late, dead, err = truth.ReadTables(tx, maxTableRows)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read the agent's tables: %w", err)

@@ -286,23 +286,11 @@ func checkAgainstStage(t *testing.T, sc *scenario.Scenario) *truth.Expected {
 	}
 	// The tables row by row: which reading was late with what value, and
 	// which message was dead-lettered with what reason code.
-	lateRows, deadRows := map[truth.LateRow]int{}, map[truth.DeadRow]int{}
+	var lateRows map[truth.LateRow]int
+	var deadRows map[truth.DeadRow]int
 	err = db.View(func(tx *bolt.Tx) error {
-		ls, err := window.ReadLate(tx, window.Filter{}, math.MaxInt)
-		if err != nil {
-			return err
-		}
-		for _, l := range ls {
-			lateRows[truth.LateRow{Device: l.Device, Metric: l.Metric, EventTime: l.EventTime, WindowStart: l.WindowStart, Value: l.Value}]++
-		}
-		ds, err := window.ReadDeadLetters(tx, window.Filter{}, math.MaxInt)
-		if err != nil {
-			return err
-		}
-		for _, d := range ds {
-			deadRows[truth.DeadRow{Topic: d.Topic, Payload: string(d.Payload), Code: d.Code}]++
-		}
-		return nil
+		lateRows, deadRows, err = truth.ReadTables(tx, math.MaxInt)
+		return err
 	})
 	if err != nil {
 		t.Fatal(err)
