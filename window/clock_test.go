@@ -124,7 +124,9 @@ func TestReplayAfterAStepBackSkipsWhatTrimmedRecordsHeld(t *testing.T) {
 	if want := t0.Add(time.Hour + 179*10*time.Second); !newest.Equal(want) {
 		t.Fatalf("Bronze says the newest trimmed stamp is %v, want %v", newest, want)
 	}
-	if !res.WholeFrom.Equal(newest.Add(cfg.withDefaults().MaxFutureSkew)) {
+	// A reading exactly the skew ahead of its arrival is accepted: whole
+	// from the millisecond after.
+	if !res.WholeFrom.Equal(newest.Add(cfg.withDefaults().MaxFutureSkew + time.Millisecond)) {
 		t.Fatalf("replay takes windows as whole from %v; the newest trimmed stamp is %v", res.WholeFrom, newest)
 	}
 	// Replay counts readings the live stage found late: a window it sends
@@ -184,7 +186,124 @@ func TestReplayRecoversReadingsOfAClockBehind(t *testing.T) {
 	if res.Windows != 60 || res.Partial != 0 {
 		t.Fatalf("replayed %+v, want the second hour's 60 windows", res)
 	}
-	if want := time.Unix(0, br.TrimmedNewest()).Add(cfg.withDefaults().MaxFutureSkew).UTC(); !res.WholeFrom.Equal(want) {
+	if want := time.Unix(0, br.TrimmedNewest()).Add(cfg.withDefaults().MaxFutureSkew + time.Millisecond).UTC(); !res.WholeFrom.Equal(want) {
 		t.Fatalf("whole from %v, want the newest trimmed stamp plus the live skew, %v", res.WholeFrom, want)
+	}
+}
+
+// TestSlewAfterA1970Reboot: during a step back's catch-up (the logged
+// clock ahead of the stamps) the gateway reboots with its clock in 1970,
+// then NTP sets it: the stamps jump forward by decades but stay behind the
+// logged clock, which must not follow half of that jump (a review: it
+// went to 2051).
+func TestSlewAfterA1970Reboot(t *testing.T) {
+	cfg := testConfig(t)
+	p := newStepper(t, cfg)
+	ahead := time.Hour
+	i := 0
+	feed := func(recv time.Time) {
+		i++
+		p.feed(telemetry("d1", fmt.Sprint(i), recv.Add(-ahead), recv, 1)) // event time within skews
+	}
+	for s := range 30 { // clock an hour ahead
+		feed(t0.Add(ahead + time.Duration(s)*10*time.Second))
+	}
+	for s := range 10 { // NTP steps it back an hour: catch-up in progress
+		feed(t0.Add(5*time.Minute + time.Duration(s)*10*time.Second))
+	}
+	// reboot: 1970 for 30 s (readings dead-lettered as time_past/future, but the clock sees the stamps)
+	for s := range 3 {
+		i++
+		p.feed(tick(time.Unix(int64(20+10*s), 0)))
+	}
+	// NTP sets the real time, 7 minutes after the last stamp before the reboot.
+	real := t0.Add(14 * time.Minute)
+	p.feed(tick(real))
+	got := time.Unix(0, p.s.eng.clock).UTC()
+	if got.After(t0.Add(ahead + 30*time.Minute)) {
+		t.Fatalf("logged clock jumped to %v (stamps at %v)", got, real)
+	}
+}
+
+// TestReplayWholeFromBoundary: a trimmed record's reading may be exactly
+// max_future_skew after its arrival (accepted: only "more than" is
+// dead-lettered), so the window starting at that millisecond may hold it
+// and is not whole (a review: replay replaced a window of two readings
+// with one).
+func TestReplayWholeFromBoundary(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.MaxFutureSkew = 5 * time.Minute
+	br := openBronze(t, "")
+	R := t0.Add(time.Minute)
+	appendAll(t, br, []buffer.Record{telemetry("d1", "a", R.Add(5*time.Minute), R, 1)})
+	appendAll(t, br, []buffer.Record{telemetry("d1", "b", R.Add(5*time.Minute+10*time.Second), R.Add(5*time.Minute+11*time.Second), 2),
+		tick(R.Add(20 * time.Minute))})
+	db, s := runFresh(t, br, cfg)
+	if err := s.Checkpoint(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := br.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	br.SetLimits(0, st.Bytes-1)
+	if n, err := br.Trim(0); err != nil || n != 1 {
+		t.Fatalf("trim %d %v", n, err)
+	}
+	live := upsert(t, decodeOutbox(t, db))
+	if res, err := Replay(db, br, cfg, t0, t0.Add(time.Hour)); err != nil || res.Partial == 0 {
+		t.Fatalf("replay %+v (%v): the window the trimmed reading was in should be skipped", res, err)
+	}
+	after := upsert(t, decodeOutbox(t, db))
+	for id, a := range after {
+		if b, ok := live[id]; ok && a.Count != b.Count {
+			t.Errorf("replay replaced %s/%s@%v count %d (live) with count %d (rev %d)", id.Device, id.Metric, time.UnixMilli(id.Start).UTC(), b.Count, a.Count, a.Rev)
+		}
+	}
+}
+
+// TestReplayAfterSkewLowered: records trimmed were decided under an
+// earlier, larger max_future_skew than the last checkpoint's; replay
+// bounds their readings by the largest the stage ran with (a review: the
+// last one let replay replace a window of two readings with one).
+func TestReplayAfterSkewLowered(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.MaxFutureSkew = time.Hour
+	br := openBronze(t, "")
+	R := t0
+	W := R.Add(50 * time.Minute) // event time 50 min after arrival
+	appendAll(t, br, []buffer.Record{telemetry("d1", "a", W.Add(5*time.Second), R, 1)})
+	appendAll(t, br, []buffer.Record{telemetry("d1", "b", W.Add(6*time.Second), W.Add(7*time.Second), 2), tick(W.Add(10 * time.Minute))})
+	db, s := runFresh(t, br, cfg)
+	if err := s.Checkpoint(); err != nil {
+		t.Fatal(err)
+	}
+	low := cfg
+	low.MaxFutureSkew = 5 * time.Minute // the operator lowers it; the agent runs on
+	appendAll(t, br, []buffer.Record{tick(W.Add(11 * time.Minute))})
+	s2, err := New(db, br, low)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runToEnd(t, s2)
+	if err := s2.Checkpoint(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := br.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	br.SetLimits(0, st.Bytes-1)
+	if n, err := br.Trim(0); err != nil || n != 1 {
+		t.Fatalf("trim %d %v", n, err)
+	}
+	live := upsert(t, decodeOutbox(t, db))
+	if res, err := Replay(db, br, low, t0, t0.Add(3*time.Hour)); err != nil || res.Partial == 0 {
+		t.Fatalf("replay %+v (%v): the window the trimmed reading was in should be skipped", res, err)
+	}
+	for id, a := range upsert(t, decodeOutbox(t, db)) {
+		if b, ok := live[id]; ok && a.Count != b.Count {
+			t.Errorf("replay replaced %s/%s@%v count %d with count %d", id.Device, id.Metric, time.UnixMilli(id.Start).UTC(), b.Count, a.Count)
+		}
 	}
 }

@@ -367,8 +367,16 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// stateFormat is bumped when the stored state layout changes incompatibly.
-const stateFormat = "1"
+// stateFormat is bumped when the stored state layout changes so that an
+// older build must not run on it. 2: the state may hold what builds of
+// format 1 would ignore and then break "a key names one content" with —
+// the tombstone floor (a device whose tombstone was dropped would restart
+// an emitted window at rev 1) and the logged clock's last stamp. A build
+// adopts a format in adoptedFormats (rewriting it at its first start); an
+// older build refuses a newer one, naming reset-state.
+const stateFormat = "2"
+
+var adoptedFormats = []string{"1"}
 
 // fingerprintItem is one state-shaping setting, named by its config key.
 type fingerprintItem struct{ Key, Value string }
@@ -493,6 +501,9 @@ func compareFingerprint(stored, current []fingerprintItem, configPath string) er
 	for _, it := range current {
 		v, ok := old[it.Key]
 		if !ok && slices.Contains(laterKeys, it.Key) {
+			continue
+		}
+		if it.Key == "state format" && slices.Contains(adoptedFormats, v) {
 			continue
 		}
 		if !ok || v != it.Value {

@@ -1066,16 +1066,21 @@ const clockStepNs = int64(1e9)
 // audit: 5,950 pending after two hours of a day's step). Instead, while
 // the stamps are more than clockStepNs behind, the clock moves by half of
 // their own advance, so it goes on and the stamps catch up with it in
-// twice the step. A function of the stamps in Bronze order, so a replay
-// decides the same.
+// twice the step (longer if records are more than a minute apart). A
+// function of the stamps in Bronze order, so a replay decides the same.
 func (e *engine) loggedClock(ts int64) int64 {
 	prev := e.lastStamp
 	e.lastStamp = ts
 	if ts > e.clock-clockStepNs || ts <= prev {
 		return max(ts, e.clock)
 	}
-	return e.clock + (ts-prev)/2
+	// At most a minute at a time: a reboot into 1970 and NTP's step back
+	// to the real time, both below the clock, must not move it decades.
+	return e.clock + min(ts-prev, slewStepNs)/2
 }
+
+// slewStepNs bounds the stamps' advance loggedClock follows in one record.
+const slewStepNs = int64(60e9)
 
 // advanceClock moves the logged clock to ts (it never goes back) and runs
 // what the clock decides: pending revisions at trigger boundaries, idle
@@ -1163,16 +1168,30 @@ func (e *engine) expire(d *device) {
 // devices' windows stay final at the price of a new device's readings
 // that old going to the late table. Ties go by name, so a replay drops
 // the same ones.
+//
+// Tombstones max_past_skew has passed count for nothing (newDevice ignores
+// them) and go first: pruneTombstones forgets them only now and then, at
+// points that depend on batches, so counting them would make whether and
+// what to drop depend on batches too.
 func (e *engine) dropTombstones() {
-	keep := e.cfg.MaxDevices - e.cfg.MaxDevices/8
+	cut := floorDiv(e.clock-e.pasNs, 1e6)
 	type tomb struct {
 		name    string
 		horizon int64
 	}
 	all := make([]tomb, 0, len(e.tombstones))
 	for name, h := range e.tombstones {
+		if h <= cut {
+			delete(e.tombstones, name)
+			e.tombDel = append(e.tombDel, name)
+			continue
+		}
 		all = append(all, tomb{name, h})
 	}
+	if len(all) <= e.cfg.MaxDevices {
+		return
+	}
+	keep := e.cfg.MaxDevices - e.cfg.MaxDevices/8
 	slices.SortFunc(all, func(a, b tomb) int {
 		if c := cmp.Compare(a.horizon, b.horizon); c != 0 {
 			return c

@@ -600,3 +600,62 @@ func TestEvictedCountsThroughACatchUpUnderNewSettings(t *testing.T) {
 			st.Late, st.LateRows, st.LateEvicted, dead, st.DeadLetterRows, st.DeadLettersEvicted)
 	}
 }
+
+// TestTombstoneDropsDoNotDependOnBatches: the bound counts only tombstones
+// max_past_skew has not passed. Counting those pruneTombstones had not yet
+// forgotten (it runs at the end of a Step, at most once a minute) made the
+// floor, and so whether a new device's reading was late, depend on the
+// batch size (a review).
+func TestTombstoneDropsDoNotDependOnBatches(t *testing.T) {
+	base := testConfig(t)
+	base.MaxDevices = 8
+	base.DeviceExpiry = time.Hour
+	base.MaxPastSkew = 3 * time.Hour
+	var recs []buffer.Record
+	recs = append(recs, telemetry("old", "1", t0.Add(10*time.Second), t0.Add(11*time.Second), 1))
+	recs = append(recs, tick(t0.Add(time.Hour+5*time.Minute))) // old expires: tombstone t0+1m
+	T := t0.Add(3*time.Hour + 10*time.Minute)
+	now := T
+	for i := 1; i <= 8; i++ {
+		at := T.Add(time.Duration(i) * time.Minute)
+		now = at.Add(time.Second)
+		recs = append(recs, telemetry(fmt.Sprintf("a%d", i), "1", at.Add(10*time.Second), now, 1))
+	}
+	now = now.Add(time.Hour + 5*time.Minute)
+	recs = append(recs, tick(now)) // a1..a8 expire
+	now = now.Add(time.Second)
+	// a new device, a reading in a1's window (ending T+2m)
+	recs = append(recs, telemetry("newdev", "1", T.Add(time.Minute+20*time.Second), now, 5))
+	now = now.Add(10 * time.Minute)
+	recs = append(recs, tick(now))
+
+	dir := t.TempDir()
+	path := writeBronze(t, dir, recs)
+	var outs [][]byte
+	var lates []int
+	for i, batch := range []int{1000, 1} {
+		br, err := openBronzeCopy(t, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer br.Close()
+		db := openDB(t, filepath.Join(dir, fmt.Sprintf("s%d.db", i)), true)
+		cfg := base
+		cfg.MaxRecordsPerBatch = batch
+		s, err := New(db, br, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runToEnd(t, s)
+		st := s.Stats()
+		out, late := outputBytes(t, db)
+		if st.TombstonesDropped != 0 {
+			t.Errorf("batch %d: %d tombstones dropped; one of nine had passed max_past_skew", batch, st.TombstonesDropped)
+		}
+		outs = append(outs, out)
+		lates = append(lates, late)
+	}
+	if !bytes.Equal(outs[0], outs[1]) {
+		t.Fatalf("outputs differ by batch size: late rows %v\n%s", lates, firstDiff(outs[1], outs[0]))
+	}
+}

@@ -124,7 +124,9 @@ func replay(db *bolt.DB, src Source, cfg Config, from, to time.Time, res *Replay
 			return 0, fmt.Errorf("replay: read bronze from %d: %w", next, err)
 		}
 		if next == 0 && len(recs) > 0 && recs[0].Seq > 1 {
-			wholeMs = floorDiv(trimmedNewest(src, recs[0].ReceivedAt), 1e6) + liveSkew.Milliseconds()
+			// A reading at most the skew ahead of its arrival is accepted,
+			// so a window starting at that very millisecond may hold one.
+			wholeMs = floorDiv(trimmedNewest(src, recs[0].ReceivedAt)+int64(liveSkew), 1e6) + 1
 			res.WholeFrom = time.UnixMilli(wholeMs).UTC()
 		}
 		for i := range recs {
@@ -253,36 +255,53 @@ func trimmedNewest(src Source, oldestLeft int64) int64 {
 	return oldestLeft
 }
 
-// storedFutureSkew is readings.max_future_skew as the live stage last
-// decided under it (the behaviour stored with its checkpoints), or def.
-// It, not a replay's own (raised to take in readings dead-lettered under a
-// wrong clock), bounds how far ahead of its arrival a reading the cloud
-// holds may be, and so which windows trimmed records may have had
-// readings in.
+// storedFutureSkew is the largest readings.max_future_skew the live stage
+// has run with since its state began (futureSkewHigh), or def. It, not a
+// replay's own (raised to take in readings dead-lettered under a wrong
+// clock), bounds how far ahead of its arrival a reading the cloud holds
+// may be, and so which windows trimmed records may have had readings in.
 func storedFutureSkew(db *bolt.DB, def time.Duration) (time.Duration, error) {
 	skew := def
 	err := db.View(func(tx *bolt.Tx) error {
 		m := tx.Bucket(bucketMeta)
-		if m == nil || m.Get(keyBehaviour) == nil {
+		if m == nil {
 			return nil
 		}
-		items, err := decodeFingerprint(m.Get(keyBehaviour))
-		if err != nil {
-			return err
+		high, ok, err := futureSkewHigh(m)
+		if ok {
+			skew = high
 		}
-		for _, it := range items {
-			if it.Key == "readings.max_future_skew" {
-				d, err := time.ParseDuration(it.Value)
-				if err != nil {
-					return fmt.Errorf("%w: stored readings.max_future_skew %q: %v", ErrCorruptState, it.Value, err)
-				}
-				skew = d
-			}
-		}
-		return nil
+		return err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("replay: read the stored settings: %w", err)
 	}
 	return skew, nil
+}
+
+// futureSkewHigh reads the largest readings.max_future_skew the stage has
+// run with (keyMaxSkew), or, in a state from before it was kept, the one
+// of its last checkpoint (the stored behaviour); ok is false when the
+// state has neither.
+func futureSkewHigh(m *bolt.Bucket) (high time.Duration, ok bool, err error) {
+	if v := m.Get(keyMaxSkew); v != nil {
+		return time.Duration(getU64(m, keyMaxSkew)), true, nil
+	}
+	if m.Get(keyBehaviour) == nil {
+		return 0, false, nil
+	}
+	items, err := decodeFingerprint(m.Get(keyBehaviour))
+	if err != nil {
+		return 0, false, err
+	}
+	for _, it := range items {
+		if it.Key == "readings.max_future_skew" {
+			d, err := time.ParseDuration(it.Value)
+			if err != nil {
+				return 0, false, fmt.Errorf("%w: stored readings.max_future_skew %q: %v", ErrCorruptState, it.Value, err)
+			}
+			return d, true, nil
+		}
+	}
+	return 0, false, nil
 }

@@ -161,6 +161,9 @@ func New(db *bolt.DB, src Source, cfg Config) (*Stage, error) {
 	if err := s.raiseToRevisionFloor(); err != nil {
 		return nil, err
 	}
+	if err := s.recordSkewHigh(); err != nil {
+		return nil, err
+	}
 	if err := s.recordBehaviour(); err != nil {
 		return nil, err
 	}
@@ -185,6 +188,27 @@ func (s *Stage) recordBehaviour() error {
 			return nil
 		}
 		return m.Put(keyBehaviour, cur)
+	})
+	if err != nil {
+		return fmt.Errorf("record window settings: %w", err)
+	}
+	return nil
+}
+
+// recordSkewHigh keeps the largest readings.max_future_skew the stage has
+// run with, for Replay: records it decided under a larger one than today's
+// may have put readings that far ahead of their arrival into windows.
+func (s *Stage) recordSkewHigh() error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		m := tx.Bucket(bucketMeta)
+		high, ok, err := futureSkewHigh(m)
+		if err != nil {
+			return err
+		}
+		if ok && m.Get(keyMaxSkew) != nil && high >= s.cfg.MaxFutureSkew {
+			return nil
+		}
+		return putU64(m, keyMaxSkew, uint64(max(high, s.cfg.MaxFutureSkew)))
 	})
 	if err != nil {
 		return fmt.Errorf("record window settings: %w", err)

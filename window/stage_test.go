@@ -244,6 +244,60 @@ func TestFingerprintWithoutAggregatesAdoptsThem(t *testing.T) {
 	}
 }
 
+// TestStateFormat: a state of format 1 is adopted and stored as the
+// current format, which a build of format 1 refuses (it would ignore the
+// tombstone floor and restart a dropped device's emitted windows at rev
+// 1, a key with two contents: a review's downgrade); a newer format is
+// refused, naming reset-state.
+func TestStateFormat(t *testing.T) {
+	db, br := openDB(t, "", true), openBronze(t, "")
+	cfg := testConfig(t)
+	if _, err := New(db, br, cfg); err != nil {
+		t.Fatal(err)
+	}
+	store := func(format string) {
+		t.Helper()
+		items := cfg.fingerprint()
+		for i := range items {
+			if items[i].Key == "state format" {
+				items[i].Value = format
+			}
+		}
+		if err := db.Update(func(tx *bolt.Tx) error {
+			return tx.Bucket(bucketMeta).Put(keyFingerprint, encodeFingerprint(items))
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stored := func() string {
+		t.Helper()
+		var v string
+		if err := db.View(func(tx *bolt.Tx) error {
+			items, err := decodeFingerprint(tx.Bucket(bucketMeta).Get(keyFingerprint))
+			for _, it := range items {
+				if it.Key == "state format" {
+					v = it.Value
+				}
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	store("1")
+	if _, err := New(db, br, cfg); err != nil {
+		t.Fatalf("a state of format 1 was refused: %v", err)
+	}
+	if got := stored(); got != stateFormat {
+		t.Fatalf("the state's format is %q after a start, want %q", got, stateFormat)
+	}
+	store("99")
+	if _, err := New(db, br, cfg); !errors.Is(err, ErrIncompatibleState) || !strings.Contains(err.Error(), "state format changed from 99 to "+stateFormat) || !strings.Contains(err.Error(), "reset-state") {
+		t.Fatalf("New on a newer state format = %v, want ErrIncompatibleState naming the format and reset-state", err)
+	}
+}
+
 func TestResetStateRebuilds(t *testing.T) {
 	cfg := testConfig(t)
 	recs := genStream(21, cfg, genOpts{devices: 6, duration: 20 * time.Minute, period: 10 * time.Second, dupRate: 0.1, noIDRate: 0.2, lateRate: 0.05})

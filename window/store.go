@@ -55,6 +55,9 @@ var (
 	// keyLastStamp holds engine.lastStamp (absent before it was kept: the
 	// logged clock stands in).
 	keyLastStamp = []byte("stamp")
+	// keyMaxSkew holds the largest readings.max_future_skew the stage has
+	// run with (Stage.recordSkewHigh).
+	keyMaxSkew = []byte("maxskew")
 )
 
 func createBuckets(tx *bolt.Tx) error {
