@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/edgeagent/edgeagent/buffer"
 )
 
@@ -242,24 +244,7 @@ func TestReplayWholeFromBoundary(t *testing.T) {
 	if err := s.Checkpoint(); err != nil {
 		t.Fatal(err)
 	}
-	st, err := br.Stats()
-	if err != nil {
-		t.Fatal(err)
-	}
-	br.SetLimits(0, st.Bytes-1)
-	if n, err := br.Trim(0); err != nil || n != 1 {
-		t.Fatalf("trim %d %v", n, err)
-	}
-	live := upsert(t, decodeOutbox(t, db))
-	if res, err := Replay(db, br, cfg, t0, t0.Add(time.Hour)); err != nil || res.Partial == 0 {
-		t.Fatalf("replay %+v (%v): the window the trimmed reading was in should be skipped", res, err)
-	}
-	after := upsert(t, decodeOutbox(t, db))
-	for id, a := range after {
-		if b, ok := live[id]; ok && a.Count != b.Count {
-			t.Errorf("replay replaced %s/%s@%v count %d (live) with count %d (rev %d)", id.Device, id.Metric, time.UnixMilli(id.Start).UTC(), b.Count, a.Count, a.Rev)
-		}
-	}
+	trimFirstAndReplay(t, db, br, cfg, t0.Add(time.Hour))
 }
 
 // TestReplayAfterSkewLowered: records trimmed were decided under an
@@ -289,21 +274,29 @@ func TestReplayAfterSkewLowered(t *testing.T) {
 	if err := s2.Checkpoint(); err != nil {
 		t.Fatal(err)
 	}
+	trimFirstAndReplay(t, db, br, low, t0.Add(3*time.Hour))
+}
+
+// trimFirstAndReplay trims Bronze's first record (alone in its chunk) and
+// replays [t0, to) into db: the window that record's reading was in must
+// be skipped, and no window the live stage sent may change its count.
+func trimFirstAndReplay(t *testing.T, db *bolt.DB, br *buffer.Bronze, cfg Config, to time.Time) {
+	t.Helper()
 	st, err := br.Stats()
 	if err != nil {
 		t.Fatal(err)
 	}
 	br.SetLimits(0, st.Bytes-1)
 	if n, err := br.Trim(0); err != nil || n != 1 {
-		t.Fatalf("trim %d %v", n, err)
+		t.Fatalf("trimmed %d records (%v), want the first", n, err)
 	}
 	live := upsert(t, decodeOutbox(t, db))
-	if res, err := Replay(db, br, low, t0, t0.Add(3*time.Hour)); err != nil || res.Partial == 0 {
+	if res, err := Replay(db, br, cfg, t0, to); err != nil || res.Partial == 0 {
 		t.Fatalf("replay %+v (%v): the window the trimmed reading was in should be skipped", res, err)
 	}
 	for id, a := range upsert(t, decodeOutbox(t, db)) {
 		if b, ok := live[id]; ok && a.Count != b.Count {
-			t.Errorf("replay replaced %s/%s@%v count %d with count %d", id.Device, id.Metric, time.UnixMilli(id.Start).UTC(), b.Count, a.Count)
+			t.Errorf("replay replaced %s/%s@%v count %d (live) with count %d (rev %d)", id.Device, id.Metric, time.UnixMilli(id.Start).UTC(), b.Count, a.Count, a.Rev)
 		}
 	}
 }
