@@ -73,11 +73,10 @@ type Bronze struct {
 	// trimmedNewest is the newest received-at among the records Trim
 	// deleted (see TrimmedNewest).
 	trimmedNewest atomic.Int64
-	// openedAt (Options.Clock at Open, with Go's monotonic reading in
-	// production) and openedNext, the first sequence this process appends:
-	// see Trim.
-	openedAt   time.Time
-	openedNext uint64
+	// appended marks when this process appended which sequences, by
+	// Options.Clock (with Go's monotonic reading in production): see
+	// youngFrom.
+	appended []appendMark
 	full       atomic.Bool
 	closed     atomic.Bool
 }
@@ -172,7 +171,6 @@ func Open(path string, opts Options) (*Bronze, error) {
 		return nil, fmt.Errorf("open bronze %s: %w", path, err)
 	}
 	b.lastSeq.Store(b.next - 1)
-	b.openedAt, b.openedNext = opts.Clock(), b.next
 	return b, nil
 }
 
@@ -281,6 +279,7 @@ func (b *Bronze) Append(recs []Record) error {
 		return fmt.Errorf("append bronze batch of %d: %w", len(recs), err)
 	}
 	b.full.Store(false)
+	b.markAppended(next - uint64(len(recs)))
 	b.next, b.records, b.bytes = next, records, bytes
 	b.trimmedNewest.Store(max(b.trimmedNewest.Load(), trimmedNewest))
 	b.addTail(next-uint64(len(recs)), arena, ends)
@@ -615,15 +614,7 @@ func (b *Bronze) Trim(limit int) (deleted int, err error) {
 	if b.opts.Retention > 0 {
 		now := b.opts.Clock()
 		cutoff = now.Add(-b.opts.Retention).UnixNano()
-		if now.Sub(b.openedAt) < b.opts.Retention {
-			// Nothing this process appended is older than the retention,
-			// whatever its stamp says: a gateway that booted with its
-			// clock in 1970 stamps its first records so, and NTP's step
-			// would have them trimmed at once, before a replay could
-			// recover the readings they held. The difference is Go's
-			// monotonic one, which clock steps do not move.
-			youngFrom = b.openedNext
-		}
+		youngFrom = b.youngFrom(now)
 	}
 	var over int64
 	if b.opts.MaxBytes > 0 && b.bytes > b.opts.MaxBytes {
@@ -648,6 +639,48 @@ func (b *Bronze) Trim(limit int) (deleted int, err error) {
 	b.bytes -= freed
 	b.trimmedNewest.Store(max(b.trimmedNewest.Load(), newest))
 	return deleted, nil
+}
+
+// appendMark says that this process appended the sequences from seq on,
+// up to the next mark's, between at and last.
+type appendMark struct {
+	seq      uint64
+	at, last time.Time
+}
+
+// markAppended records that the sequences from first on were appended
+// now, in marks at least a 64th of the retention apart (so at most about
+// 65 are live), dropping those the retention has passed.
+func (b *Bronze) markAppended(first uint64) {
+	if b.opts.Retention <= 0 {
+		return
+	}
+	now := b.opts.Clock()
+	if n := len(b.appended); n > 0 && now.Sub(b.appended[n-1].at) < b.opts.Retention/64 {
+		b.appended[n-1].last = now
+	} else {
+		b.appended = append(b.appended, appendMark{seq: first, at: now, last: now})
+	}
+	for len(b.appended) > 1 && now.Sub(b.appended[0].last) >= b.opts.Retention {
+		b.appended = b.appended[1:]
+	}
+}
+
+// youngFrom is the first sequence this process appended less than the
+// retention before now by its own clock, whatever its stamp says
+// (math.MaxUint64: none). A gateway that booted with its clock in 1970
+// stamps its first records so, and NTP's step would have them trimmed at
+// once, before a replay could recover the readings they held; Go's
+// monotonic clock, which Options.Clock carries in production, is not
+// moved by the step. A mark's records may be kept up to a 64th of the
+// retention longer than it.
+func (b *Bronze) youngFrom(now time.Time) uint64 {
+	for _, m := range b.appended {
+		if now.Sub(m.last) < b.opts.Retention {
+			return m.seq
+		}
+	}
+	return math.MaxUint64
 }
 
 // trimIn is trimTx from the checkpoint, recording the newest received-at

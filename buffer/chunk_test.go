@@ -411,3 +411,29 @@ func reopen(t *testing.T, b *Bronze, opts Options) *Bronze {
 	t.Cleanup(func() { b.Close() })
 	return b
 }
+
+// TestTrimKeepsYoungRecordsLongAfterTheStart: the records are kept for
+// the retention from when they were appended, not from the start (a
+// review: records stamped 1970 appended 90 minutes after the start were
+// trimmed at once with a retention of an hour).
+func TestTrimKeepsYoungRecordsLongAfterTheStart(t *testing.T) {
+	start := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	now := start
+	b, err := Open(filepath.Join(t.TempDir(), "bronze.db"), Options{Retention: time.Hour, Clock: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	appendChunks(t, b, start, 3) // stamped right
+	now = start.Add(90 * time.Minute)
+	appendChunks(t, b, time.Unix(0, 0), 3) // stamped in 1970
+	b.SetCheckpoint(6)
+	now = start.Add(2 * time.Hour)
+	if n, err := b.Trim(0); err != nil || n != 3 {
+		t.Fatalf("two hours in, Trim deleted %d (%v); want the first 3, two hours old, and not the 3 appended 30 minutes ago", n, err)
+	}
+	now = start.Add(2*time.Hour + 31*time.Minute)
+	if n, err := b.Trim(0); err != nil || n != 3 {
+		t.Fatalf("an hour after they were appended, Trim deleted %d (%v) of the 3 stamped 1970", n, err)
+	}
+}
