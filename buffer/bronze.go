@@ -77,8 +77,8 @@ type Bronze struct {
 	// Options.Clock (with Go's monotonic reading in production): see
 	// youngFrom.
 	appended []appendMark
-	full       atomic.Bool
-	closed     atomic.Bool
+	full     atomic.Bool
+	closed   atomic.Bool
 }
 
 var (
