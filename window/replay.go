@@ -244,13 +244,14 @@ func replay(db *bolt.DB, src Source, cfg Config, from, to time.Time, res *Replay
 	return len(wins), nil
 }
 
-// trimmedNewest is the newest received-at among the records Bronze
-// trimmed, or, from a log that does not say (trimmed by an older build, or
-// lost), oldestLeft: the stamps of the records left, which rise with their
-// sequences unless the gateway's clock stepped back.
+// trimmedNewest bounds the received-at of the records Bronze no longer
+// holds: the newest it trimmed, and oldestLeft, the oldest record left's,
+// for what a log does not say it trimmed (an older build's trims, or a
+// lost log), as stamps rise with sequences unless the gateway's clock
+// stepped back.
 func trimmedNewest(src Source, oldestLeft int64) int64 {
-	if t, ok := src.(interface{ TrimmedNewest() int64 }); ok && t.TrimmedNewest() != 0 {
-		return t.TrimmedNewest()
+	if t, ok := src.(interface{ TrimmedNewest() int64 }); ok {
+		return max(t.TrimmedNewest(), oldestLeft)
 	}
 	return oldestLeft
 }
