@@ -77,8 +77,10 @@ type Bronze struct {
 	// Options.Clock (with Go's monotonic reading in production): see
 	// youngFrom.
 	appended []appendMark
-	full     atomic.Bool
-	closed   atomic.Bool
+	// openedNext is the first sequence this run appends (SetLimits).
+	openedNext uint64
+	full       atomic.Bool
+	closed     atomic.Bool
 }
 
 var (
@@ -171,6 +173,7 @@ func Open(path string, opts Options) (*Bronze, error) {
 		return nil, fmt.Errorf("open bronze %s: %w", path, err)
 	}
 	b.lastSeq.Store(b.next - 1)
+	b.openedNext = b.next
 	return b, nil
 }
 
@@ -192,6 +195,13 @@ func (b *Bronze) Close() error {
 func (b *Bronze) SetLimits(retention time.Duration, maxBytes int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if retention > b.opts.Retention && b.next > b.openedNext {
+		// The marks were kept for the old retention (none for 0): keep
+		// all this run appended for the new one from now, which is
+		// conservative.
+		now := b.opts.Clock()
+		b.appended = []appendMark{{seq: b.openedNext, at: now, last: now}}
+	}
 	b.opts.Retention, b.opts.MaxBytes = retention, maxBytes
 }
 

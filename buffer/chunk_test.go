@@ -437,3 +437,38 @@ func TestTrimKeepsYoungRecordsLongAfterTheStart(t *testing.T) {
 		t.Fatalf("an hour after they were appended, Trim deleted %d (%v) of the 3 stamped 1970", n, err)
 	}
 }
+
+// TestRetentionRaisedByAReloadKeepsYoungRecords: a reload that raises the
+// retention (or sets one where there was none) keeps what this run
+// appended for the new retention: the marks kept for the old one no
+// longer say (a review: records stamped 1970 appended 75 minutes earlier
+// were trimmed at once after a raise from 1h to 24h, and 10 minutes
+// earlier after one from 0 to 1h).
+func TestRetentionRaisedByAReloadKeepsYoungRecords(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		from, to time.Duration
+		after    time.Duration
+	}{{"raised", time.Hour, 24 * time.Hour, 75 * time.Minute}, {"set", 0, time.Hour, 10 * time.Minute}} {
+		t.Run(c.name, func(t *testing.T) {
+			start := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+			now := start
+			b, err := Open(filepath.Join(t.TempDir(), "bronze.db"), Options{Retention: c.from, Clock: func() time.Time { return now }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			appendChunks(t, b, time.Unix(0, 0), 3) // stamped 1970 at the start
+			if c.from > 0 {
+				now = start.Add(70 * time.Minute)
+				appendChunks(t, b, now, 3) // stamped right; the first mark goes with a retention of 1h
+			}
+			b.SetCheckpoint(6)
+			now = start.Add(c.after)
+			b.SetLimits(c.to, 0)
+			if n, err := b.Trim(0); err != nil || n != 0 {
+				t.Fatalf("Trim deleted %d (%v) records appended within the new retention", n, err)
+			}
+		})
+	}
+}

@@ -585,13 +585,16 @@ func (e *engine) newDevice(name string) *device {
 	name = strings.Clone(name) // not a slice of the record's topic
 	d := &device{name: name, finalBefore: noTime, nextEmit: endless, nextPrune: endless, shard: shardOf(name)}
 	h, ok := e.tombstones[name]
-	if !ok {
-		// Its tombstone may be among those dropped for the bound.
+	cut := floorDiv(e.clock-e.pasNs, 1e6)
+	if !ok || h <= cut {
+		// Its tombstone may be among those dropped for the bound. One
+		// max_past_skew has passed counts as none: pruneTombstones
+		// forgets it at points that depend on batches.
 		h = e.tombFloor
 	}
 	// A device that expired comes back: windows it may have emitted
 	// stay final, so none restarts at rev 1 with other content.
-	if h > floorDiv(e.clock-e.pasNs, 1e6) {
+	if h > cut {
 		d.finalBefore = h
 	}
 	if ok {
