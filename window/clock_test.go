@@ -280,6 +280,14 @@ func TestReplayAfterSkewLowered(t *testing.T) {
 		t.Fatal(err)
 	}
 	trimFirstAndReplay(t, db, br, low, t0.Add(3*time.Hour))
+	// reset-state keeps the largest skew: Bronze holds records decided
+	// under it.
+	if err := ResetState(db); err != nil {
+		t.Fatal(err)
+	}
+	if skew, err := storedFutureSkew(db, low.MaxFutureSkew); err != nil || skew != time.Hour {
+		t.Fatalf("after reset-state the largest max_future_skew is %v (%v), want 1h", skew, err)
+	}
 }
 
 // trimFirstAndReplay trims Bronze's first record (alone in its chunk) and

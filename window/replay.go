@@ -1,6 +1,7 @@
 package window
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -18,9 +19,15 @@ import (
 // configuration and rebuilds state from the retained Bronze. The outbox is
 // kept, and so is the highest revision ever emitted: rebuilt windows are
 // numbered above it, so a receiver keeping the highest revision takes the
-// rebuilt content.
+// rebuilt content. So is the largest max_future_skew run with (Replay).
 func ResetState(db *bolt.DB) error {
 	err := db.Update(func(tx *bolt.Tx) error {
+		// The largest max_future_skew run with stays too: Bronze holds
+		// records decided under it (see storedFutureSkew).
+		var maxSkew []byte
+		if m := tx.Bucket(bucketMeta); m != nil {
+			maxSkew = bytes.Clone(m.Get(keyMaxSkew))
+		}
 		// The row-per-entry layout's buckets too: not yet migrated, they
 		// would be at the next New.
 		for _, name := range append(slices.Clone(stateBuckets), bucketWindows, bucketDedup, bucketDevices) {
@@ -33,6 +40,11 @@ func ResetState(db *bolt.DB) error {
 		}
 		if err := createBuckets(tx); err != nil {
 			return err
+		}
+		if maxSkew != nil {
+			if err := tx.Bucket(bucketMeta).Put(keyMaxSkew, maxSkew); err != nil {
+				return fmt.Errorf("keep the largest max_future_skew: %w", err)
+			}
 		}
 		r := tx.Bucket(bucketRevs)
 		return putU64(r, keyRevBase, getU64(r, keyHighRev))
