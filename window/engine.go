@@ -1069,8 +1069,9 @@ const clockStepNs = int64(1e9)
 // audit: 5,950 pending after two hours of a day's step). Instead, while
 // the stamps are more than clockStepNs behind, the clock moves by half of
 // their own advance, so it goes on and the stamps catch up with it in
-// twice the step (longer if records are more than a minute apart). A
-// function of the stamps in Bronze order, so a replay decides the same.
+// twice the step (sooner if records are more than a minute apart: the
+// clock follows less of the gap). A function of the stamps in Bronze
+// order, so a replay decides the same.
 func (e *engine) loggedClock(ts int64) int64 {
 	prev := e.lastStamp
 	e.lastStamp = ts

@@ -80,10 +80,11 @@ const replayBatch = 10_000
 // When Bronze no longer starts at record 1 (trimmed at its retention or
 // size bound, or lost), a window may have had readings in the records that
 // are gone; replayed from the rest it would replace the whole window at the
-// receiver, whose upsert keeps the highest revision. A reading is at most
-// max_future_skew ahead of its arrival, so only windows that start at or
-// after the oldest retained arrival plus that skew are certainly whole:
-// earlier ones are skipped and counted in Partial.
+// receiver, whose upsert keeps the highest revision. A reading the live
+// stage took is at most max_future_skew ahead of its arrival, so only
+// windows that start more than the largest skew it ran with after the
+// newest trimmed arrival (or the oldest retained, if later) are certainly
+// whole: earlier ones are skipped and counted in Partial.
 func Replay(db *bolt.DB, src Source, cfg Config, from, to time.Time) (ReplayResult, error) {
 	var res ReplayResult
 	n, err := replay(db, src, cfg, from, to, &res)

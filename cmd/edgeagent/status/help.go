@@ -61,7 +61,7 @@ var metricHelp = map[string]string{
 	"edgeagent_dead_letter_rows_evicted_total":        "Oldest dead-letter rows dropped at the table's bound.",
 	"edgeagent_devices_expired_total":                 "Devices whose state was dropped after window.device_expiry without readings.",
 	"edgeagent_end_to_end_lag_seconds":                "Now minus the latest event time processed.",
-	"edgeagent_window_logged_clock_timestamp_seconds": "The newest received-at or clock tick the window stage has seen (Unix seconds, gateway clock).",
+	"edgeagent_window_logged_clock_timestamp_seconds": "The window stage's logged clock: the newest received-at or clock tick it has seen, or after a gateway clock step back that mark moved on by half the stamps' advance (Unix seconds).",
 	"edgeagent_window_blocked":                        "1 while the outbox is over its bound and the window stage consumes nothing.",
 	"edgeagent_window_blocked_total":                  "Times the outbox reached its bound and the window stage stopped consuming Bronze.",
 	"edgeagent_outbox_rows":                           "Outbox rows (aggregates, alerts, local messages) not yet sealed into a batch (see edgeagent_uplink_sealed_batches).",

@@ -299,7 +299,7 @@ func Warnings(snap *Snapshot, trigger time.Duration) []string {
 	}
 	if !snap.Window.LoggedClock.IsZero() && !snap.Time.IsZero() {
 		if d := snap.Window.LoggedClock.Sub(snap.Time); d >= clockBackWarnAfter {
-			w = append(w, fmt.Sprintf("the gateway clock went back: the logged clock is %s ahead of it; idle closes and device expiry wait until it catches up (see the operations guide, wrong gateway clock)", d.Round(time.Second)))
+			w = append(w, fmt.Sprintf("the gateway clock went back: the logged clock is %s ahead of it; idle closes, device expiry and revisions run at half speed until the clock catches up, after about twice the step (see the operations guide, wrong gateway clock)", d.Round(time.Second)))
 		}
 	}
 	if snap.ReloadRefused != "" {
