@@ -186,13 +186,19 @@ func decodeGroup(b []byte) (*group, error) {
 	for i := uint64(0); i < n && d.err == nil; i++ {
 		g.devices = append(g.devices, d.string())
 	}
+	// The encoder writes a part only from 2 on, and held only after one,
+	// as the byte 1: anything else did not come from it (a fuzz input
+	// with part 0 and held decoded to a group that encoded without held).
+	bad := false
 	if len(d.b) > 0 {
 		g.part = d.uvarint32()
+		bad = g.part == 0
 	}
 	if len(d.b) > 0 {
-		g.held = d.byte() == 1
+		held := d.byte()
+		g.held, bad = held == 1, bad || held != 1
 	}
-	if d.err != nil || len(d.b) != 0 {
+	if d.err != nil || len(d.b) != 0 || bad {
 		return nil, fmt.Errorf("%w: storm row", ErrCorruptState)
 	}
 	return g, nil
