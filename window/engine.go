@@ -1178,31 +1178,22 @@ func (e *engine) expire(d *device) {
 // points that depend on batches, so counting them would make whether and
 // what to drop depend on batches too.
 func (e *engine) dropTombstones() {
-	cut := floorDiv(e.clock-e.pasNs, 1e6)
+	e.forgetTombstonesBy(floorDiv(e.clock-e.pasNs, 1e6))
 	// As uint64 with the sign bit flipped, which keeps their order: the
 	// sort of []uint64 is in the binary already, one of another type
 	// would add 7 KB (the arm64 binary's budget).
-	hs := make([]uint64, 0, len(e.tombstones))
-	for name, h := range e.tombstones {
-		if h <= cut {
-			delete(e.tombstones, name)
-			e.tombDel = append(e.tombDel, name)
-			continue
-		}
-		hs = append(hs, uint64(h)^1<<63)
-	}
-	if len(hs) <= e.cfg.MaxDevices {
+	if len(e.tombstones) <= e.cfg.MaxDevices {
 		return
+	}
+	hs := make([]uint64, 0, len(e.tombstones))
+	for _, h := range e.tombstones {
+		hs = append(hs, uint64(h)^1<<63)
 	}
 	slices.Sort(hs)
 	floor := int64(hs[len(hs)-(e.cfg.MaxDevices-e.cfg.MaxDevices/8)-1] ^ 1<<63)
-	for name, h := range e.tombstones {
-		if h <= floor {
-			delete(e.tombstones, name)
-			e.tombDel = append(e.tombDel, name)
-			e.c.TombstonesDropped++
-		}
-	}
+	before := len(e.tombstones)
+	e.forgetTombstonesBy(floor)
+	e.c.TombstonesDropped += uint64(before - len(e.tombstones))
 	e.tombFloor = max(e.tombFloor, floor)
 	e.tombFloorDirty = true
 }
@@ -1241,6 +1232,11 @@ func (e *engine) pruneTombstones() {
 		e.tombFloor = noTime
 		e.tombFloorDirty = true
 	}
+	e.forgetTombstonesBy(cut)
+}
+
+// forgetTombstonesBy deletes the tombstones whose horizon is cut or older.
+func (e *engine) forgetTombstonesBy(cut int64) {
 	for name, h := range e.tombstones {
 		if h <= cut {
 			delete(e.tombstones, name)

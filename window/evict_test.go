@@ -457,11 +457,7 @@ func TestTombstonesKeptWithinMaxDevices(t *testing.T) {
 
 	// A restart keeps the floor; one with a lower bound drops more.
 	cfg.MaxDevices = 5
-	s, err := New(p.db, p.br, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.s = s
+	p.restart(cfg)
 	st = p.s.Stats()
 	// d12 came back: 7 tombstones, of which 5 are kept: d08 and d09 go,
 	// and the floor is d09's horizon, minute 10.
@@ -484,10 +480,9 @@ func TestTombstonesKeptWithinMaxDevices(t *testing.T) {
 	if st := p.s.Stats(); !st.TombstoneFloor.IsZero() || st.Tombstones != 0 {
 		t.Fatalf("past max_past_skew: floor %v, %d tombstones", st.TombstoneFloor, st.Tombstones)
 	}
-	if s, err = New(p.db, p.br, cfg); err != nil {
-		t.Fatal(err)
-	} else if st := s.Stats(); !st.TombstoneFloor.IsZero() {
-		t.Fatalf("the floor came back after a restart: %v", st.TombstoneFloor)
+	p.restart(cfg)
+	if !p.s.Stats().TombstoneFloor.IsZero() {
+		t.Fatalf("the floor came back after a restart: %v", p.s.Stats().TombstoneFloor)
 	}
 }
 
@@ -509,11 +504,7 @@ func TestTableBoundsAcrossRestarts(t *testing.T) {
 		at = at.Add(time.Second)
 		// Each more than the lateness behind the device's watermark.
 		p.feed(telemetry("d1", fmt.Sprint("late", i), t0.Add(time.Duration(i)*time.Second), at, 1))
-		s, err := New(p.db, p.br, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.s = s
+		p.restart(cfg)
 		if got, counted := rows(), p.s.Stats().LateRows; got > cfg.MaxLateRows || uint64(got) != counted {
 			t.Fatalf("after restart %d: %d late rows, %d counted; bound %d", i+1, got, counted, cfg.MaxLateRows)
 		}
@@ -524,11 +515,7 @@ func TestTableBoundsAcrossRestarts(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(p.db, p.br, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.s = s
+	p.restart(cfg)
 	if got := p.s.Stats().LateRows; got != 6 {
 		t.Fatalf("a state with 6 late rows counted %d", got)
 	}
@@ -584,11 +571,7 @@ func TestEvictedCountsThroughACatchUpUnderNewSettings(t *testing.T) {
 			msg("sensors/d1/telemetry", fmt.Sprint("{bad", i), at))
 	}
 	cfg.WatermarkDelay = 2 * time.Second // the crash's restart, with another delay
-	s, err := New(p.db, p.br, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.s = s
+	p.restart(cfg)
 	p.feed()
 	st := p.s.Stats()
 	var dead uint64

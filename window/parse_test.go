@@ -396,11 +396,7 @@ func TestMaxMetricsPerDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.MaxMetricsPerDevice = 1
-	s, err := New(p.db, p.br, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.s = s
+	p.restart(cfg)
 	p.feed(reading(404, "8", `"a":2`), reading(405, "9", `"b":3,"a":4`), reading(406, "10", `"e":3`))
 	if dead := readDead(t, p.db); len(dead) != 3 || dead[2].Seq != p.br.LastSeq() {
 		t.Fatalf("dead letters %+v, want only the reading of a new metric e", dead)

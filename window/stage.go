@@ -201,11 +201,11 @@ func (s *Stage) recordBehaviour() error {
 func (s *Stage) recordSkewHigh() error {
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		m := tx.Bucket(bucketMeta)
-		high, ok, err := futureSkewHigh(m)
+		high, _, err := futureSkewHigh(m)
 		if err != nil {
 			return err
 		}
-		if ok && m.Get(keyMaxSkew) != nil && high >= s.cfg.MaxFutureSkew {
+		if m.Get(keyMaxSkew) != nil && high >= s.cfg.MaxFutureSkew {
 			return nil
 		}
 		return putU64(m, keyMaxSkew, uint64(max(high, s.cfg.MaxFutureSkew)))

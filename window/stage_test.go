@@ -45,6 +45,17 @@ func newStepper(t *testing.T, cfg Config) *stepper {
 	return &stepper{t, db, br, s}
 }
 
+// restart opens a new stage on the stepper's files with cfg, as a restart
+// of the agent would.
+func (p *stepper) restart(cfg Config) {
+	p.t.Helper()
+	s, err := New(p.db, p.br, cfg)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.s = s
+}
+
 // feed appends recs and processes them, returning the aggregates emitted.
 func (p *stepper) feed(recs ...buffer.Record) []wire.Aggregate {
 	p.t.Helper()

@@ -210,18 +210,18 @@ func appendProgress(b []byte, e *engine) []byte {
 }
 
 // applyProgress makes e write no outputs for records up to the progress
-// offset and restores the output-table counters.
+// offset. The table counters it carries are not read back: loadEngine
+// counts the rows themselves (a checkpoint stores its counters before its
+// own batch's rows, so neither record alone was right after a restart).
 func applyProgress(v []byte, e *engine) error {
 	d := decoder{b: v}
 	through := d.uvarint()
-	rows := [...]uint64{d.uvarint(), d.uvarint(), d.uvarint(), d.uvarint()}
+	for range 4 {
+		d.uvarint()
+	}
 	if d.err != nil {
 		return fmt.Errorf("%w: progress: %v", ErrCorruptState, d.err)
 	}
-	// The tables' counters always: a checkpoint stores its counters
-	// before its own batch's rows are written in the same transaction,
-	// and only the progress record, written after them, counts those.
-	e.c.LateRows, e.c.DeadRows, e.c.LateEvicted, e.c.DeadEvicted = rows[0], rows[1], rows[2], rows[3]
 	if through > e.offset {
 		e.suppressThrough = through
 	}
@@ -354,9 +354,9 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 			return nil, err
 		}
 	}
-	// The bounds evict by these counts: taken from the rows themselves, as
-	// states saved by builds before applyProgress restored them always
-	// count a checkpoint's own rows short, once per restart.
+	// The bounds evict by these counts: taken from the rows themselves,
+	// which states saved by earlier builds counted a checkpoint's own rows
+	// short, once per restart.
 	e.c.LateRows = uint64(tx.Bucket(bucketLate).Stats().KeyN)
 	e.c.DeadRows = uint64(tx.Bucket(bucketDead).Stats().KeyN)
 	e.c.deriveEvicted()
