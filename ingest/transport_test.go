@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"io"
 	"log/slog"
 	"testing"
 	"time"
@@ -16,6 +15,8 @@ import (
 
 	"github.com/edgeagent/edgeagent/buffer"
 	"github.com/edgeagent/edgeagent/testrig/certtest"
+	"github.com/edgeagent/edgeagent/testrig/freeport"
+	"github.com/edgeagent/edgeagent/testrig/logbuf"
 	"github.com/edgeagent/edgeagent/testrig/mqtttest"
 )
 
@@ -40,12 +41,21 @@ func loopbackTLS(t *testing.T) (server, client *tls.Config) {
 // of an oversized payload only the prefix is read in.
 func TestIngestOverTLSAndWebSocket(t *testing.T) {
 	serverTLS, clientTLS := loopbackTLS(t)
-	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	// The broker's log is shown when the test fails: a WebSocket listener
+	// binds in its own goroutine and reports a failure only there.
+	brokerLog := new(logbuf.Buffer)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("broker log:\n%s", brokerLog)
+		}
+	})
+	srv := mochi.New(&mochi.Options{InlineClient: true, Logger: slog.New(slog.NewTextHandler(brokerLog, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
 		t.Fatal(err)
 	}
-	addr := func() string { return fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t)) }
-	plain, secure, ws, wss := addr(), addr(), addr(), addr()
+	ports := freeport.Ports(t, 4)
+	addr := func(i int) string { return fmt.Sprintf("127.0.0.1:%d", ports[i]) }
+	plain, secure, ws, wss := addr(0), addr(1), addr(2), addr(3)
 	for _, l := range []listeners.Listener{
 		listeners.NewTCP(listeners.Config{ID: "tcp", Address: plain}),
 		listeners.NewTCP(listeners.Config{ID: "tls", Address: secure, TLSConfig: serverTLS}),
@@ -69,7 +79,15 @@ func TestIngestOverTLSAndWebSocket(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			b := openBronze(t, buffer.Options{})
-			cfg := testConfig(t, c.url, "edgeagent-"+c.name, nil)
+			agentLog := new(logbuf.Buffer)
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("agent log:\n%s", agentLog)
+				}
+			})
+			cfg := testConfig(t, c.url, "edgeagent-"+c.name, agentLog)
+			// An attempt that hangs is retried within the wait below.
+			cfg.ConnectTimeout = 3 * time.Second
 			if c.name != "websocket" {
 				cfg.TLS = clientTLS
 			}

@@ -22,18 +22,14 @@ import (
 	"github.com/mochi-mqtt/server/v2/listeners"
 
 	"github.com/edgeagent/edgeagent/internal/mochilisten"
+	"github.com/edgeagent/edgeagent/testrig/freeport"
 	"github.com/edgeagent/edgeagent/testrig/procattr"
 )
 
 // FreePort returns a free TCP port on 127.0.0.1.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("mqtttest: free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return freeport.Port(t)
 }
 
 // StartMochi runs an in-process mochi broker on a free loopback port until

@@ -29,6 +29,7 @@ import (
 
 	"github.com/edgeagent/edgeagent/internal/mochilisten"
 
+	"github.com/edgeagent/edgeagent/testrig/freeport"
 	"github.com/edgeagent/edgeagent/testrig/procattr"
 )
 
@@ -38,14 +39,14 @@ var ErrNotInstalled = errors.New("servers: not installed")
 // startTimeout bounds a server start.
 const startTimeout = 15 * time.Second
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago and
+// that this process has not handed out before.
 func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := freeport.Take(1)
 	if err != nil {
-		return 0, fmt.Errorf("servers: free port: %w", err)
+		return 0, fmt.Errorf("servers: %w", err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return ports[0], nil
 }
 
 // FreeAddr returns 127.0.0.1:PORT with a port that was free a moment ago.
