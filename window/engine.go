@@ -324,6 +324,9 @@ type engine struct {
 	// dropped, or the floor is past max_past_skew).
 	tombFloor      int64
 	tombFloorDirty bool
+	// droppedAtLoad counts the tombstones the load dropped, saved under a
+	// larger max_devices, for the stage to log.
+	droppedAtLoad uint64
 
 	nameBuf []byte
 	due     []*window

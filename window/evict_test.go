@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/edgeagent/edgeagent/buffer"
+	"github.com/edgeagent/edgeagent/testrig/logbuf"
 )
 
 // checkpointEveryBatch makes cfg checkpoint (and so evict) with every
@@ -455,9 +458,15 @@ func TestTombstonesKeptWithinMaxDevices(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A restart keeps the floor; one with a lower bound drops more.
+	// A restart keeps the floor; one with a lower bound drops more, and
+	// says so.
 	cfg.MaxDevices = 5
+	logs := new(logbuf.Buffer)
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	p.restart(cfg)
+	if !strings.Contains(logs.String(), "the oldest tombstones were dropped") || !strings.Contains(logs.String(), "dropped=2") {
+		t.Errorf("the drop at the start was not logged:\n%s", logs)
+	}
 	st = p.s.Stats()
 	// d12 came back: 7 tombstones, of which 5 are kept: d08 and d09 go,
 	// and the floor is d09's horizon, minute 10.

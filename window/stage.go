@@ -321,7 +321,17 @@ func (s *Stage) reload() error {
 	if err != nil {
 		return fmt.Errorf("load window state: %w", err)
 	}
+	s.logTombstonesDropped(s.eng.droppedAtLoad)
 	return nil
+}
+
+// logTombstonesDropped warns of tombstones dropped for max_devices, by a
+// batch or by the load of a state saved under a larger bound.
+func (s *Stage) logTombstonesDropped(dropped uint64) {
+	if dropped > 0 {
+		s.log.Warn("window: more expired devices than window.max_devices; the oldest tombstones were dropped, and devices not seen before take no readings for windows ending by their newest horizon",
+			"dropped", dropped, "horizon", time.UnixMilli(s.eng.tombFloor).UTC())
+	}
 }
 
 // loadWindow reads an evicted window's entry back from the state
@@ -451,10 +461,7 @@ func (s *Stage) Step() (StepResult, error) {
 		s.log.Warn("window: max_devices reached, readings of new devices are dead-lettered", "max_devices", s.cfg.MaxDevices, "refused", capped)
 	}
 	s.capLogged = capped > 0
-	if dropped := e.c.TombstonesDropped - before.TombstonesDropped; dropped > 0 {
-		s.log.Warn("window: more expired devices than window.max_devices; the oldest tombstones were dropped, and devices not seen before take no readings for windows ending by their newest horizon",
-			"dropped", dropped, "horizon", time.UnixMilli(e.tombFloor).UTC())
-	}
+	s.logTombstonesDropped(e.c.TombstonesDropped - before.TombstonesDropped)
 	res.Records = len(recs)
 	res.More = buffer.ReadFull(recs, s.cfg.MaxRecordsPerBatch)
 	res.Late = int(e.c.Late - before.Late)

@@ -459,7 +459,9 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 	}
 	if len(e.tombstones) > e.cfg.MaxDevices {
 		// Saved under a larger window.max_devices.
+		before := e.c.TombstonesDropped
 		e.dropTombstones()
+		e.droppedAtLoad = e.c.TombstonesDropped - before
 	}
 	// Lists are ordered by last seen, as the uninterrupted run built them.
 	slices.SortFunc(devs, func(a, b *device) int {
