@@ -79,7 +79,16 @@ func startAgentWith(t *testing.T, edit func(*exec.Cmd), args ...string) *agentPr
 		t.Fatalf("start agent: %v", err)
 	}
 	go func() { p.cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() { p.kill() })
+	t.Cleanup(func() {
+		p.kill()
+		if t.Failed() {
+			logs := p.logs.String()
+			if len(logs) > 16<<10 {
+				logs = "…" + logs[len(logs)-16<<10:]
+			}
+			t.Logf("agent %v logs:\n%s", args, logs)
+		}
+	})
 	return p
 }
 

@@ -71,16 +71,18 @@ func (h *hangupWatch) run(ctx context.Context, hup <-chan os.Signal) {
 		}
 		var problems bytes.Buffer
 		cfg, _ := loadConfig(&env{stdout: &problems, stderr: &problems}, h.path, true)
+		// The status says so before the log does: whoever reads the log
+		// line finds the status already telling why.
 		if cfg == nil {
+			h.a.ReloadRefused(strings.TrimSpace(problems.String()))
 			h.log.Error("SIGHUP: the config has problems; running on with the running one",
 				"config", h.path, "problems", strings.TrimSpace(problems.String()))
-			h.a.ReloadRefused(strings.TrimSpace(problems.String()))
 			continue
 		}
 		if err := h.a.CheckReload(cfg); err != nil {
+			h.a.ReloadRefused(err.Error())
 			h.log.Error("SIGHUP: the agent would not start with this config; running on with the running one",
 				"config", h.path, "err", err)
-			h.a.ReloadRefused(err.Error())
 			continue
 		}
 		h.log.Info("SIGHUP: stopping, to start again with the config read anew", "config", h.path)
