@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -33,6 +34,11 @@ import (
 var agentBin string
 
 func TestMain(m *testing.M) {
+	// A test run under nohup ignores SIGHUP, the agents it starts inherit
+	// that, and an agent started with SIGHUP ignored keeps it ignored (as
+	// under nohup it should): the reload tests then wait for a reload that
+	// never comes. A handler here is reset to the default by exec.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
 	dir, err := os.MkdirTemp("", "edgeagent-bin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
