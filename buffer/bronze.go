@@ -81,6 +81,11 @@ type Bronze struct {
 	openedNext uint64
 	full       atomic.Bool
 	closed     atomic.Bool
+	// readMapped counts the bytes ReadInto read through the file's map
+	// since its pages were last released; releaseErr keeps a failure of
+	// that release for the next DropMapped to report.
+	readMapped atomic.Int64
+	releaseErr atomic.Pointer[error]
 }
 
 var (
@@ -429,8 +434,22 @@ func (b *Bronze) ReadInto(dst []Record, from uint64, max int) ([]Record, error) 
 		n += r.HeldBytes()
 		return len(out) < max && n < ReadMaxBytes
 	})
+	// A window stage catching up reads the file as fast as ingest writes
+	// it (100k records/s draining a broker's backlog): between the
+	// agent's periodic releases, the pages read stayed mapped, 11 MiB of
+	// a 36 MiB peak. Released every releaseAfterRead bytes read instead.
+	if b.readMapped.Add(int64(n)) >= releaseAfterRead {
+		b.readMapped.Store(0)
+		if rerr := boltkv.DropMapped(b.db); rerr != nil {
+			b.releaseErr.Store(&rerr)
+		}
+	}
 	return out, err
 }
+
+// releaseAfterRead is how many bytes ReadInto reads from the file before
+// it releases the mapped pages (DropMapped).
+const releaseAfterRead = 1 << 20
 
 // ReadFull reports whether recs, what a ReadInto of at most max records
 // returned, stopped at one of its bounds (max, ReadMaxBytes) rather than
@@ -809,5 +828,11 @@ func (b *Bronze) Stats() (Stats, error) {
 }
 
 // DropMapped takes the log's file pages out of the process's resident set;
-// see boltkv.DropMapped.
-func (b *Bronze) DropMapped() error { return boltkv.DropMapped(b.db) }
+// see boltkv.DropMapped. It also reports a failed release of ReadInto's
+// since the last call.
+func (b *Bronze) DropMapped() error {
+	if err := b.releaseErr.Swap(nil); err != nil {
+		return fmt.Errorf("after a read: %w", *err)
+	}
+	return boltkv.DropMapped(b.db)
+}

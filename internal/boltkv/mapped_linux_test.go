@@ -1,48 +1,21 @@
 package boltkv
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
-	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
 )
 
-// mappedRSS is the resident size in KiB of this process's maps of path,
-// from /proc/self/smaps.
 func mappedRSS(t *testing.T, path string) int {
 	t.Helper()
-	f, err := os.Open("/proc/self/smaps")
+	kib, err := MappedKiB(path)
 	if err != nil {
 		t.Skipf("no /proc/self/smaps: %v", err)
 	}
-	defer f.Close()
-	total, in := 0, false
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := sc.Text()
-		fields := strings.Fields(line)
-		if len(fields) >= 5 && strings.Contains(fields[0], "-") {
-			in = len(fields) >= 6 && fields[5] == path
-			continue
-		}
-		if in && fields[0] == "Rss:" {
-			kb, err := strconv.Atoi(fields[1])
-			if err != nil {
-				t.Fatalf("smaps line %q: %v", line, err)
-			}
-			total += kb
-		}
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return total
+	return kib
 }
 
 func TestDropMappedReleasesPagesAndKeepsData(t *testing.T) {
