@@ -449,7 +449,7 @@ func (b *Bronze) ReadInto(dst []Record, from uint64, max int) ([]Record, error) 
 
 // releaseAfterRead is how many bytes ReadInto reads from the file before
 // it releases the mapped pages (DropMapped).
-const releaseAfterRead = 1 << 20
+const releaseAfterRead = 512 << 10
 
 // ReadFull reports whether recs, what a ReadInto of at most max records
 // returned, stopped at one of its bounds (max, ReadMaxBytes) rather than

@@ -53,8 +53,9 @@ func TestCatchUpReadsReleaseMappedPages(t *testing.T) {
 	if read != 20_000 {
 		t.Fatalf("read %d records, want 20000", read)
 	}
-	// A batch of 1000 records is about 0.5 MB: at most two batches past
-	// the release point, and the kernel's fault-around, stay mapped.
+	// A batch of 1000 records is about 0.5 MB, releaseAfterRead's size:
+	// the pages of a batch or two, and the kernel's fault-around, stay
+	// mapped.
 	if limit := 3 * releaseAfterRead >> 10; peak > limit {
 		t.Errorf("%d KiB of the log mapped at most while reading it through, want at most %d", peak, limit)
 	}
