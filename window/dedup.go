@@ -115,7 +115,7 @@ func (s *dedupSet) add(id uint64, end int64) (newlyDirty bool) {
 	g := &s.groups[i]
 	newlyDirty = !g.isDirty()
 	g.nd = (g.nd + 1) | groupDirty
-	s.remember(id, end)
+	s.remember(id)
 	return newlyDirty
 }
 
@@ -124,14 +124,14 @@ func (s *dedupSet) load(end int64, ids []uint64) {
 	s.groups = insertSpare(s.groups, len(s.groups), newGroup(end, len(ids)))
 	s.ids = insertSpare(s.ids, len(s.ids), ids...)
 	for _, id := range ids {
-		s.remember(id, end)
+		s.remember(id)
 	}
 }
 
 // remember makes an id already in a group findable through the index once
 // the set is past dedupIndexMin (the index is built once, when the set
 // crosses it, and then kept up).
-func (s *dedupSet) remember(id uint64, end int64) {
+func (s *dedupSet) remember(id uint64) {
 	switch {
 	case s.index != nil:
 		s.index[uint32(id)]++
@@ -221,7 +221,7 @@ func (s *dedupSet) warm(i int, ids []uint64) {
 	s.groups = insertSpare(s.groups, j, newGroup(end, len(ids)))
 	s.ids = insertSpare(s.ids, hot, ids...)
 	for _, id := range ids {
-		s.remember(id, end)
+		s.remember(id)
 	}
 }
 
