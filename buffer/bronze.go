@@ -829,10 +829,11 @@ func (b *Bronze) Stats() (Stats, error) {
 
 // DropMapped takes the log's file pages out of the process's resident set;
 // see boltkv.DropMapped. It also reports a failed release of ReadInto's
-// since the last call.
+// since the last call (when its own succeeds: it always tries).
 func (b *Bronze) DropMapped() error {
-	if err := b.releaseErr.Swap(nil); err != nil {
-		return fmt.Errorf("after a read: %w", *err)
+	err := boltkv.DropMapped(b.db)
+	if last := b.releaseErr.Swap(nil); last != nil && err == nil {
+		err = fmt.Errorf("after a read: %w", *last)
 	}
-	return boltkv.DropMapped(b.db)
+	return err
 }

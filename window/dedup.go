@@ -123,18 +123,19 @@ func (s *dedupSet) add(id uint64, end int64) (newlyDirty bool) {
 func (s *dedupSet) load(end int64, ids []uint64) {
 	s.groups = insertSpare(s.groups, len(s.groups), newGroup(end, len(ids)))
 	s.ids = insertSpare(s.ids, len(s.ids), ids...)
-	for _, id := range ids {
-		s.remember(id)
-	}
+	s.remember(ids...)
 }
 
-// remember makes an id already in a group findable through the index once
-// the set is past dedupIndexMin (the index is built once, when the set
-// crosses it, and then kept up).
-func (s *dedupSet) remember(id uint64) {
+// remember makes ids just added to the hot groups findable through the
+// index once the set is past dedupIndexMin (the index is built once, when
+// the set crosses it, from every hot id, these included, and then kept
+// up: counting these on top of a new index counted them twice).
+func (s *dedupSet) remember(ids ...uint64) {
 	switch {
 	case s.index != nil:
-		s.index[uint32(id)]++
+		for _, id := range ids {
+			s.index[uint32(id)]++
+		}
 	case len(s.ids) > dedupIndexMin:
 		s.buildIndex()
 	}
@@ -220,9 +221,7 @@ func (s *dedupSet) warm(i int, ids []uint64) {
 	}
 	s.groups = insertSpare(s.groups, j, newGroup(end, len(ids)))
 	s.ids = insertSpare(s.ids, hot, ids...)
-	for _, id := range ids {
-		s.remember(id)
-	}
+	s.remember(ids...)
 }
 
 // evict makes the clean hot groups that end at or before through cold. It

@@ -98,6 +98,15 @@ func TestDedupSetMatchesAMap(t *testing.T) {
 				}
 			}
 			indexed = indexed || s.index != nil
+			if s.index != nil {
+				counts := map[uint32]uint32{}
+				for _, id := range s.ids {
+					counts[uint32(id)]++
+				}
+				if !maps.Equal(counts, s.index) {
+					t.Fatalf("seed %d step %d: the index counts %d keys, the hot ids make %d", seed, step, len(s.index), len(counts))
+				}
+			}
 			wentCold = wentCold || len(s.cold) > 0
 			coldScanned = coldScanned || len(s.cold) > 0 && s.coldBits == nil
 			coldBitsUsed = coldBitsUsed || s.coldBits != nil

@@ -158,6 +158,9 @@ func New(db *bolt.DB, src Source, cfg Config) (*Stage, error) {
 	if err := s.reload(); err != nil {
 		return nil, err
 	}
+	// Logged here, not by every reload: a rollback before the first
+	// checkpoint reloads the same tombstones and drops them again.
+	s.logTombstonesDropped(s.eng.droppedAtLoad)
 	if err := s.raiseToRevisionFloor(); err != nil {
 		return nil, err
 	}
@@ -321,7 +324,6 @@ func (s *Stage) reload() error {
 	if err != nil {
 		return fmt.Errorf("load window state: %w", err)
 	}
-	s.logTombstonesDropped(s.eng.droppedAtLoad)
 	return nil
 }
 
