@@ -176,3 +176,23 @@ func TestRunLeavesGOGCOffAlone(t *testing.T) {
 	wantReturn(t, goRun(context.Background()), "Run kept running with GOGC=off")
 	wantUsersLimit(t, "with GOGC=off")
 }
+
+func TestNotifiedAfterEveryCollection(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch := make(chan struct{}, 1)
+	notifyEachCollection(ctx, ch)
+	// Each notification arms the next sentinel; a collection that starts
+	// before it is allocated does not see it, so collect until notified.
+	for i := range 3 {
+		waitFor(t, "a notification", func() bool {
+			select {
+			case <-ch:
+				return true
+			default:
+				return false
+			}
+		})
+		t.Logf("notification %d", i+1)
+	}
+}

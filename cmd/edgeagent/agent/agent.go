@@ -26,6 +26,7 @@ import (
 	"github.com/edgeagent/edgeagent/config"
 	"github.com/edgeagent/edgeagent/ingest"
 	"github.com/edgeagent/edgeagent/internal/boltkv"
+	"github.com/edgeagent/edgeagent/internal/exepages"
 	"github.com/edgeagent/edgeagent/uplink"
 	"github.com/edgeagent/edgeagent/uplink/local"
 	"github.com/edgeagent/edgeagent/window"
@@ -103,6 +104,8 @@ type Agent struct {
 	Alerts    *alert.Engine    // nil without alert rules or local republishing
 	Local     *local.Publisher // nil when nothing is published locally
 	localSink interface{ Close() error }
+	// exe is the executable's pages, released with the data files'.
+	exe exepages.Pages
 	// reloadRefused is why the last reload was refused (see ReloadRefused).
 	reloadRefused atomic.Pointer[string]
 	// sendGate keeps the uplink and the local publisher from reading
@@ -338,8 +341,12 @@ func Open(cfg *config.Config, opts Options) (*Agent, error) {
 }
 
 // releaseMapped takes the data files' pages that bbolt's reads mapped out
-// of the resident set (boltkv.DropMapped).
+// of the resident set (boltkv.DropMapped), and the executable's (whose
+// code the agent runs comes back in at once, the rest of its 10 MB not).
 func (a *Agent) releaseMapped() {
+	if err := a.exe.Drop(); err != nil {
+		a.log.Warn("releasing the executable's pages failed", "err", err)
+	}
 	if err := a.Bronze.DropMapped(); err != nil {
 		a.log.Warn("bronze: releasing mapped pages failed", "err", err)
 	}

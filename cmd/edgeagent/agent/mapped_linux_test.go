@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -46,5 +47,23 @@ func TestOpenReleasesWhatTheStartMapped(t *testing.T) {
 	}
 	if kib > 1024 {
 		t.Errorf("%d KiB of a 10 MB Bronze mapped after Open, want at most 1024", kib)
+	}
+
+	// And the executable's pages, which the start's init functions
+	// mapped nearly whole.
+	exe, err := os.Readlink("/proc/self/exe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kib, err = boltkv.MappedKiB(exe); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d KiB of the %d KiB executable resident after Open", kib, fi.Size()>>10)
+	if kib > int(fi.Size()>>10)/2 {
+		t.Errorf("%d KiB of the %d KiB executable resident after Open, want at most half (nearly all without the release)", kib, fi.Size()>>10)
 	}
 }
