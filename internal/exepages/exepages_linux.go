@@ -8,73 +8,79 @@ import (
 	"syscall"
 )
 
-// Pages is the executable's read-only mappings, found by the first Drop:
-// they do not move while the process runs. The zero value is ready.
-type Pages struct {
-	found  bool
-	ranges []uintptr // start, length, start, length, …
-}
-
 var errNoRange = errors.New("a range in /proc/self/smaps is not hex")
 
-// Drop takes the executable's pages out of the resident set; the code
-// running now faults its own pages back at once. An error finding them
-// is returned once, and later calls then do nothing.
-func (p *Pages) Drop() error {
-	if !p.found {
-		p.found = true
-		var err error
-		if p.ranges, err = find("/proc/self/smaps"); err != nil {
-			return err
-		}
-	}
-	for i := 0; i < len(p.ranges); i += 2 {
-		if _, _, errno := syscall.Syscall(syscall.SYS_MADVISE, p.ranges[i], p.ranges[i+1], syscall.MADV_DONTNEED); errno != 0 {
-			return errno
+// Pages is the executable's clean read-only mappings: its code, and its
+// read-only data (the function tables the collector reads as it scans
+// stacks, type descriptors, constants).
+type Pages struct {
+	ranges []uintptr // start, length, 1 for code or 0 for data, start, …
+}
+
+// Find reads the executable's mappings from /proc/self/smaps. They do not
+// move while the process runs, but a mapping may stop being a clean copy
+// of the file: a debugger's breakpoint or a uprobe is a private copy of a
+// page of code. A mapping holding such a page when Find runs is left out.
+// With an error, the Pages returned drop nothing.
+func Find() (*Pages, error) { return find("/proc/self/smaps") }
+
+// Drop takes the read-only data's pages out of the resident set and, with
+// code, the code's: only right after Find, since a breakpoint written
+// later would be lost (the data is never written). What the agent runs
+// faults back at once, from the page cache.
+func (p *Pages) Drop(code bool) error {
+	for i := 0; i < len(p.ranges); i += 3 {
+		if p.ranges[i+2] == 0 || code {
+			if _, _, errno := syscall.Syscall(syscall.SYS_MADVISE, p.ranges[i], p.ranges[i+1], syscall.MADV_DONTNEED); errno != 0 {
+				return errno
+			}
 		}
 	}
 	return nil
 }
 
 // find reads the executable's mappings from smaps (/proc/self/smaps but
-// in tests). It keeps only private read-only mappings of the executable's
-// file with no page of their own (Anonymous 0): a page the dynamic loader
-// relocated (RELRO) is not a copy of the file, and dropping it would
-// bring the file's bytes back.
-func find(smaps string) ([]uintptr, error) {
+// in tests), keeping each private read-only mapping of the executable's
+// file with no page of its own (Anonymous 0). Such a page (one the dynamic
+// loader relocated, RELRO; a breakpoint) is not a copy of the file, and
+// dropping it would bring the file's bytes back.
+func find(smaps string) (*Pages, error) {
+	p := &Pages{}
 	exe, err := os.Readlink("/proc/self/exe")
 	if err != nil {
-		return nil, err
+		return p, err
 	}
 	b, err := os.ReadFile(smaps)
 	if err != nil {
-		return nil, err
+		return p, err
 	}
-	var ranges []uintptr
 	var candidate string
+	var code uintptr
 	for rest := string(b); rest != ""; {
 		var line string
 		line, rest, _ = strings.Cut(rest, "\n")
 		fields := strings.Fields(line)
-		if len(fields) < 2 {
-			continue
-		}
-		if strings.Contains(fields[0], "-") {
+		switch {
+		case len(fields) == 3 && fields[0] == "Anonymous:":
+			if candidate != "" && fields[1] == "0" {
+				lo, hi, _ := strings.Cut(candidate, "-")
+				start, err1 := strconv.ParseUint(lo, 16, 64)
+				end, err2 := strconv.ParseUint(hi, 16, 64)
+				if err1 != nil || err2 != nil {
+					p.ranges = nil
+					return p, errNoRange
+				}
+				p.ranges = append(p.ranges, uintptr(start), uintptr(end-start), code)
+			}
+		case len(fields) >= 5 && strings.Contains(fields[0], "-"): // a mapping's first line
 			candidate = ""
 			if len(fields) == 6 && fields[5] == exe && (fields[1] == "r-xp" || fields[1] == "r--p") {
-				candidate = fields[0]
+				candidate, code = fields[0], 0
+				if fields[1] == "r-xp" {
+					code = 1
+				}
 			}
-			continue
-		}
-		if candidate != "" && fields[0] == "Anonymous:" && fields[1] == "0" {
-			lo, hi, _ := strings.Cut(candidate, "-")
-			start, err1 := strconv.ParseUint(lo, 16, 64)
-			end, err2 := strconv.ParseUint(hi, 16, 64)
-			if err1 != nil || err2 != nil {
-				return nil, errNoRange
-			}
-			ranges = append(ranges, uintptr(start), uintptr(end-start))
 		}
 	}
-	return ranges, nil
+	return p, nil
 }

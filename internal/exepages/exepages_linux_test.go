@@ -31,35 +31,48 @@ func mapped(t *testing.T, pagemap *os.File, addr uintptr) bool {
 	return binary.LittleEndian.Uint64(entry[:])>>63 == 1
 }
 
-func TestDropReleasesTheExecutablesPages(t *testing.T) {
+// readOnly finds the executable's read-only ranges and checks that it
+// found code, and cold in its data.
+func readOnly(t *testing.T) *Pages {
+	t.Helper()
+	p, err := Find()
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := uintptr(unsafe.Pointer(unsafe.StringData(cold)))
+	for i := 0; i < len(p.ranges); i += 3 {
+		if p.ranges[i+2] == 0 && p.ranges[i] <= start && start < p.ranges[i]+p.ranges[i+1] {
+			return p
+		}
+	}
+	t.Fatalf("the embedded data at %#x is in none of the data ranges found: %#x", start, p.ranges)
+	return nil
+}
+
+// coldPages counts the mapped pages of cold's middle, 64 KiB (fault-
+// around's reach) in from each end, after mapping all of ranges in as the
+// agent's start does; it skips the test where that does not map them.
+func coldPages(t *testing.T, p *Pages) (count func() int, pages int) {
+	t.Helper()
+	var ranges []uintptr
+	for i := 0; i < len(p.ranges); i += 3 {
+		ranges = append(ranges, p.ranges[i], p.ranges[i+1])
+	}
 	pagemap, err := os.Open("/proc/self/pagemap")
 	if err != nil {
 		t.Skipf("no pagemap: %v", err)
 	}
-	defer pagemap.Close()
-	var p Pages
-	if err := p.Drop(); err != nil {
-		t.Fatal(err)
-	}
-	start := uintptr(unsafe.Pointer(unsafe.StringData(cold)))
-	inRange := false
-	for i := 0; i < len(p.ranges); i += 2 {
-		inRange = inRange || p.ranges[i] <= start && start < p.ranges[i]+p.ranges[i+1]
-	}
-	if !inRange {
-		t.Fatalf("the embedded data at %#x is in none of the ranges found: %#x", start, p.ranges)
-	}
-	// Map everything in, as the agent's start does.
-	for i := 0; i < len(p.ranges); i += 2 {
-		if _, _, errno := syscall.Syscall(syscall.SYS_MADVISE, p.ranges[i], p.ranges[i+1], madvPopulateRead); errno != 0 {
+	t.Cleanup(func() { pagemap.Close() })
+	for i := 0; i < len(ranges); i += 2 {
+		if _, _, errno := syscall.Syscall(syscall.SYS_MADVISE, ranges[i], ranges[i+1], madvPopulateRead); errno != 0 {
 			t.Skipf("madvise(MADV_POPULATE_READ) needs Linux 5.14: %v", errno)
 		}
 	}
-	// The middle of cold: 64 KiB (fault-around's reach) in from each end.
+	start := uintptr(unsafe.Pointer(unsafe.StringData(cold)))
 	page := uintptr(os.Getpagesize())
 	lo := (start + 64<<10 + page - 1) &^ (page - 1)
 	hi := (start + uintptr(len(cold)) - 64<<10) &^ (page - 1)
-	count := func() (n int) {
+	count = func() (n int) {
 		for addr := lo; addr < hi; addr += page {
 			if mapped(t, pagemap, addr) {
 				n++
@@ -67,17 +80,69 @@ func TestDropReleasesTheExecutablesPages(t *testing.T) {
 		}
 		return n
 	}
-	pages := int((hi - lo) / page)
+	pages = int((hi - lo) / page)
 	if n := count(); n != pages {
 		// qemu-user keeps its guest's memory behind its own maps.
 		t.Skipf("%d of %d pages mapped after MADV_POPULATE_READ: pages are not mapped here as on Linux (an emulator?)", n, pages)
 	}
-	if err := p.Drop(); err != nil {
+	return count, pages
+}
+
+func TestDropReleasesTheExecutablesPages(t *testing.T) {
+	p := readOnly(t)
+	count, pages := coldPages(t, p)
+	codes := 0
+	for i := 2; i < len(p.ranges); i += 3 {
+		codes += int(p.ranges[i])
+	}
+	if codes == 0 {
+		t.Fatalf("found no code mapping: %#x", p.ranges)
+	}
+	if err := p.Drop(false); err != nil {
 		t.Fatal(err)
 	}
 	if n := count(); n != 0 {
 		t.Errorf("%d of %d pages of unread data still mapped after Drop, want 0", n, pages)
 	}
+}
+
+// TestFindLeavesPrivateCopiesOut: a debugger's breakpoint or a uprobe
+// writes a private copy of a page of code; a mapping holding one when Find
+// runs is left out, so Drop does not bring the file's bytes back in its
+// place.
+func TestFindLeavesPrivateCopiesOut(t *testing.T) {
+	count, pages := coldPages(t, readOnly(t))
+	page := os.Getpagesize()
+	start := uintptr(unsafe.Pointer(unsafe.StringData(cold)))
+	// A page-aligned page of cold, 128 KiB into it.
+	at := int((start+uintptr(page)-1)&^uintptr(page-1)-start) + 128<<10
+	mem := unsafe.Slice(unsafe.StringData(cold), len(cold))[at : at+page]
+	if err := syscall.Mprotect(mem, syscall.PROT_READ|syscall.PROT_WRITE); err != nil {
+		t.Fatal(err)
+	}
+	was := mem[0]
+	mem[0] = '#'
+	if err := syscall.Mprotect(mem, syscall.PROT_READ); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if syscall.Mprotect(mem, syscall.PROT_READ|syscall.PROT_WRITE) == nil {
+			mem[0] = was
+			_ = syscall.Mprotect(mem, syscall.PROT_READ)
+		}
+	})
+	p, err := Find()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Drop(true); err != nil {
+		t.Fatal(err)
+	}
+	if mem[0] != '#' {
+		t.Fatalf("the private copy's byte is %q after Drop, want '#': Drop brought the file's page back", mem[0])
+	}
+	// The mapping that holds the copy keeps its pages; the rest goes.
+	t.Logf("%d of %d pages of cold mapped after Drop, beside a private copy", count(), pages)
 }
 
 func TestFindKeepsCleanReadOnlyMappingsOfTheExecutable(t *testing.T) {
@@ -109,9 +174,8 @@ func TestFindKeepsCleanReadOnlyMappingsOfTheExecutable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []uintptr{0x400000, 0x523000, 0x923000, 0x545000}
-	if !slices.Equal(got, want) {
-		t.Errorf("find = %#x, want %#x (the executable's text and read-only data only)", got, want)
+	if want := []uintptr{0x400000, 0x523000, 1, 0x923000, 0x545000, 0}; !slices.Equal(got.ranges, want) {
+		t.Errorf("find = %#x, want %#x (the executable's code and clean read-only data only)", got.ranges, want)
 	}
 
 	if err := os.WriteFile(path, []byte("0040000g-00923000 r-xp 00000000 fe:00 123 "+exe+"\nAnonymous: 0 kB\n"), 0o600); err != nil {
@@ -122,5 +186,19 @@ func TestFindKeepsCleanReadOnlyMappingsOfTheExecutable(t *testing.T) {
 	}
 	if _, err := find(filepath.Join(t.TempDir(), "missing")); !os.IsNotExist(err) {
 		t.Errorf("find on a missing file: err %v, want it not to exist", err)
+	}
+}
+
+// BenchmarkDrop: what the agent spends every 250 ms (the advice; the
+// faults that bring the pages in use back come after).
+func BenchmarkDrop(b *testing.B) {
+	p, err := Find()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if err := p.Drop(false); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

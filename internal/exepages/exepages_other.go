@@ -5,5 +5,8 @@ package exepages
 // Pages does nothing where madvise is not used.
 type Pages struct{}
 
+// Find returns Pages that drop nothing.
+func Find() (*Pages, error) { return &Pages{}, nil }
+
 // Drop does nothing.
-func (p *Pages) Drop() error { return nil }
+func (p *Pages) Drop(code bool) error { return nil }
