@@ -506,6 +506,9 @@ func (w *chunkWriter) bucket(name []byte, fill float64) *bolt.Bucket {
 // transaction and begins the next.
 func (w *chunkWriter) wrote(n int) error {
 	w.written += n
+	if w.written>>15 != (w.written-n)>>15 { // every 32 KiB of rows
+		w.release()
+	}
 	if w.written < chunkBytes {
 		return nil
 	}
@@ -526,13 +529,20 @@ func (w *chunkWriter) commit() error {
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("commit state transaction: %w", err)
 	}
-	// A transaction's reads fault in its rows' pages and, by the kernel's
-	// fault-around, up to 15 cached neighbours of each: a checkpoint
-	// mapped 14-19 MiB of the state file within the agent's 250 ms drops.
+	w.release()
+	return nil
+}
+
+// release takes the state file's pages out of the resident set (see
+// boltkv.DropMapped). A transaction's reads fault in its rows' pages and,
+// by the kernel's fault-around, up to 15 cached neighbours of each: a
+// checkpoint mapped 14-19 MiB of the state file within the agent's 250 ms
+// drops, and one transaction of chunkBytes of rows 13-16 MiB, so it is
+// also called every 32 KiB of rows.
+func (w *chunkWriter) release() {
 	if err := boltkv.DropMapped(w.db); err != nil {
 		w.log.Warn("state: releasing mapped pages failed", "err", err)
 	}
-	return nil
 }
 
 // abort rolls back the open transaction, if any.

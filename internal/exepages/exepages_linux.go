@@ -15,20 +15,29 @@ var errNoRange = errors.New("a range in /proc/self/smaps is not hex")
 // stacks, type descriptors, constants).
 type Pages struct {
 	ranges []uintptr // start, length, 1 for code or 0 for data, start, …
+	err    error     // Find's, for the first Drop to return
 }
 
 // Find reads the executable's mappings from /proc/self/smaps. They do not
 // move while the process runs, but a mapping may stop being a clean copy
 // of the file: a debugger's breakpoint or a uprobe is a private copy of a
 // page of code. A mapping holding such a page when Find runs is left out.
-// With an error, the Pages returned drop nothing.
-func Find() (*Pages, error) { return find("/proc/self/smaps") }
+// If Find fails, the first Drop returns its error and none drops anything.
+func Find() *Pages {
+	p, err := find("/proc/self/smaps")
+	p.err = err
+	return p
+}
 
 // Drop takes the read-only data's pages out of the resident set and, with
 // code, the code's: only right after Find, since a breakpoint written
 // later would be lost (the data is never written). What the agent runs
 // faults back at once, from the page cache.
 func (p *Pages) Drop(code bool) error {
+	if err := p.err; err != nil {
+		p.err = nil
+		return err
+	}
 	for i := 0; i < len(p.ranges); i += 3 {
 		if p.ranges[i+2] == 0 || code {
 			if _, _, errno := syscall.Syscall(syscall.SYS_MADVISE, p.ranges[i], p.ranges[i+1], syscall.MADV_DONTNEED); errno != 0 {
@@ -43,7 +52,8 @@ func (p *Pages) Drop(code bool) error {
 // in tests), keeping each private read-only mapping of the executable's
 // file with no page of its own (Anonymous 0). Such a page (one the dynamic
 // loader relocated, RELRO; a breakpoint) is not a copy of the file, and
-// dropping it would bring the file's bytes back.
+// dropping it would bring the file's bytes back. With an error, it returns
+// the mappings read before it, all valid.
 func find(smaps string) (*Pages, error) {
 	p := &Pages{}
 	exe, err := os.Readlink("/proc/self/exe")
@@ -67,7 +77,6 @@ func find(smaps string) (*Pages, error) {
 				start, err1 := strconv.ParseUint(lo, 16, 64)
 				end, err2 := strconv.ParseUint(hi, 16, 64)
 				if err1 != nil || err2 != nil {
-					p.ranges = nil
 					return p, errNoRange
 				}
 				p.ranges = append(p.ranges, uintptr(start), uintptr(end-start), code)

@@ -35,9 +35,9 @@ func mapped(t *testing.T, pagemap *os.File, addr uintptr) bool {
 // found code, and cold in its data.
 func readOnly(t *testing.T) *Pages {
 	t.Helper()
-	p, err := Find()
-	if err != nil {
-		t.Fatal(err)
+	p := Find()
+	if p.err != nil {
+		t.Fatal(p.err)
 	}
 	start := uintptr(unsafe.Pointer(unsafe.StringData(cold)))
 	for i := 0; i < len(p.ranges); i += 3 {
@@ -131,10 +131,7 @@ func TestFindLeavesPrivateCopiesOut(t *testing.T) {
 			_ = syscall.Mprotect(mem, syscall.PROT_READ)
 		}
 	})
-	p, err := Find()
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := Find()
 	if err := p.Drop(true); err != nil {
 		t.Fatal(err)
 	}
@@ -184,17 +181,27 @@ func TestFindKeepsCleanReadOnlyMappingsOfTheExecutable(t *testing.T) {
 	if _, err := find(path); err != errNoRange {
 		t.Errorf("find on a range that is not hex: err %v, want %v", err, errNoRange)
 	}
-	if _, err := find(filepath.Join(t.TempDir(), "missing")); !os.IsNotExist(err) {
+	missing, err := find(filepath.Join(t.TempDir(), "missing"))
+	if !os.IsNotExist(err) {
 		t.Errorf("find on a missing file: err %v, want it not to exist", err)
+	}
+	// As Find hands it on: the first Drop reports the error, later ones
+	// drop nothing and say nothing.
+	missing.err = err
+	if err := missing.Drop(true); !os.IsNotExist(err) {
+		t.Errorf("first Drop after a failed find: err %v, want find's", err)
+	}
+	if err := missing.Drop(true); err != nil || len(missing.ranges) != 0 {
+		t.Errorf("second Drop after a failed find: err %v, ranges %#x, want nothing", err, missing.ranges)
 	}
 }
 
 // BenchmarkDrop: what the agent spends every 250 ms (the advice; the
 // faults that bring the pages in use back come after).
 func BenchmarkDrop(b *testing.B) {
-	p, err := Find()
-	if err != nil {
-		b.Fatal(err)
+	p := Find()
+	if p.err != nil {
+		b.Fatal(p.err)
 	}
 	for b.Loop() {
 		if err := p.Drop(false); err != nil {

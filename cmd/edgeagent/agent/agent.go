@@ -338,9 +338,7 @@ func Open(cfg *config.Config, opts Options) (*Agent, error) {
 	// first release, 250 ms in, the peak of a backlog's drain. Go's start
 	// ran every package's init function, which mapped nearly the whole
 	// executable; the agent's code comes back as it runs.
-	if a.exe, err = exepages.Find(); err != nil {
-		opts.Logger.Warn("the executable's pages stay resident", "err", err)
-	}
+	a.exe = exepages.Find()
 	a.releaseMapped(true)
 	return a, nil
 }
