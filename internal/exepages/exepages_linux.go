@@ -8,7 +8,10 @@ import (
 	"syscall"
 )
 
-var errNoRange = errors.New("a range in /proc/self/smaps is not hex")
+var (
+	errNoRange = errors.New("a range in /proc/self/smaps is not hex")
+	errDrop    = errors.New("madvise(MADV_DONTNEED) refused a range of the executable")
+)
 
 // Pages is the executable's clean read-only mappings: its code, and its
 // read-only data (the function tables the collector reads as it scans
@@ -22,7 +25,8 @@ type Pages struct {
 // move while the process runs, but a mapping may stop being a clean copy
 // of the file: a debugger's breakpoint or a uprobe is a private copy of a
 // page of code. A mapping holding such a page when Find runs is left out.
-// If Find fails, the first Drop returns its error and none drops anything.
+// If Find fails, the first Drop returns its error (and drops what Find
+// read before it).
 func Find() *Pages {
 	p, err := find("/proc/self/smaps")
 	p.err = err
@@ -33,33 +37,33 @@ func Find() *Pages {
 // code, the code's: only right after Find, since a breakpoint written
 // later would be lost (the data is never written). What the agent runs
 // faults back at once, from the page cache.
-func (p *Pages) Drop(code bool) error {
-	if err := p.err; err != nil {
-		p.err = nil
-		return err
-	}
+func (p *Pages) Drop(code bool) (err error) {
+	err, p.err = p.err, nil
 	for i := 0; i < len(p.ranges); i += 3 {
 		if p.ranges[i+2] == 0 || code {
 			if _, _, errno := syscall.Syscall(syscall.SYS_MADVISE, p.ranges[i], p.ranges[i+1], syscall.MADV_DONTNEED); errno != 0 {
-				return errno
+				return errDrop
 			}
 		}
 	}
-	return nil
+	return err
 }
 
 // find reads the executable's mappings from smaps (/proc/self/smaps but
 // in tests), keeping each private read-only mapping of the executable's
-// file with no page of its own (Anonymous 0). Such a page (one the dynamic
-// loader relocated, RELRO; a breakpoint) is not a copy of the file, and
-// dropping it would bring the file's bytes back. With an error, it returns
-// the mappings read before it, all valid.
+// file (matched by the end of the line: its path may hold spaces, or end
+// in " (deleted)" once an upgrade replaced it, as /proc/self/exe's does)
+// with no page of its own, in memory or in swap (Anonymous and Swap 0).
+// Such a page (one the dynamic loader relocated, RELRO; a breakpoint) is
+// not a copy of the file, and dropping it would bring the file's bytes
+// back. With an error, it returns the mappings read before it, all valid.
 func find(smaps string) (*Pages, error) {
 	p := &Pages{}
 	exe, err := os.Readlink("/proc/self/exe")
 	if err != nil {
 		return p, err
 	}
+	exe = " " + exe // how its mappings' first lines end
 	b, err := os.ReadFile(smaps)
 	if err != nil {
 		return p, err
@@ -70,24 +74,22 @@ func find(smaps string) (*Pages, error) {
 		var line string
 		line, rest, _ = strings.Cut(rest, "\n")
 		fields := strings.Fields(line)
-		switch {
-		case len(fields) == 3 && fields[0] == "Anonymous:":
-			if candidate != "" && fields[1] == "0" {
-				lo, hi, _ := strings.Cut(candidate, "-")
-				start, err1 := strconv.ParseUint(lo, 16, 64)
-				end, err2 := strconv.ParseUint(hi, 16, 64)
-				if err1 != nil || err2 != nil {
-					return p, errNoRange
-				}
-				p.ranges = append(p.ranges, uintptr(start), uintptr(end-start), code)
+		switch { // every mapping's lines end with Anonymous, then Swap
+		case len(fields) == 3 && fields[1] != "0" && (fields[0] == "Anonymous:" || fields[0] == "Swap:"):
+			candidate = "" // pages of its own
+		case len(fields) == 3 && fields[0] == "Swap:" && candidate != "":
+			lo, hi, _ := strings.Cut(candidate, "-")
+			start, err1 := strconv.ParseUint(lo, 16, 64)
+			end, err2 := strconv.ParseUint(hi, 16, 64)
+			if err1 != nil || err2 != nil {
+				return p, errNoRange
 			}
-		case len(fields) >= 5 && strings.Contains(fields[0], "-"): // a mapping's first line
+			p.ranges = append(p.ranges, uintptr(start), uintptr(end-start), code)
 			candidate = ""
-			if len(fields) == 6 && fields[5] == exe && (fields[1] == "r-xp" || fields[1] == "r--p") {
-				candidate, code = fields[0], 0
-				if fields[1] == "r-xp" {
-					code = 1
-				}
+		case len(fields) >= 6 && strings.HasSuffix(line, exe) && (fields[1] == "r-xp" || fields[1] == "r--p"): // its first line
+			candidate, code = fields[0], 0
+			if fields[1] == "r-xp" {
+				code = 1
 			}
 		}
 	}

@@ -125,10 +125,14 @@ func TestFindLeavesPrivateCopiesOut(t *testing.T) {
 	if err := syscall.Mprotect(mem, syscall.PROT_READ); err != nil {
 		t.Fatal(err)
 	}
+	// Dropping the copy itself brings the file's page back, for the
+	// tests after this one.
 	t.Cleanup(func() {
-		if syscall.Mprotect(mem, syscall.PROT_READ|syscall.PROT_WRITE) == nil {
-			mem[0] = was
-			_ = syscall.Mprotect(mem, syscall.PROT_READ)
+		if err := syscall.Madvise(mem, syscall.MADV_DONTNEED); err != nil {
+			t.Error(err)
+		}
+		if mem[0] != was {
+			t.Errorf("cold's byte is %q after the cleanup, want %q", mem[0], was)
 		}
 	})
 	p := Find()
@@ -149,20 +153,28 @@ func TestFindKeepsCleanReadOnlyMappingsOfTheExecutable(t *testing.T) {
 	}
 	smaps := "" +
 		"00400000-00923000 r-xp 00000000 fe:00 123 " + exe + "\n" +
-		"Size:               5260 kB\nRss:                4748 kB\nAnonymous:             0 kB\n" +
+		"Size:               5260 kB\nRss:                4748 kB\nAnonymous:             0 kB\nSwap:                  0 kB\n" +
+		"VmFlags: rd ex mr mw me\n" +
 		"00923000-00e68000 r--p 00523000 fe:00 123 " + exe + "\n" +
-		"Rss:                4564 kB\nAnonymous:             0 kB\n" +
+		"Rss:                4564 kB\nAnonymous:             0 kB\nSwap:                  0 kB\n" +
 		// Relocated by the dynamic loader, then made read-only (RELRO).
 		"00e68000-00e70000 r--p 00a68000 fe:00 123 " + exe + "\n" +
-		"Rss:                  32 kB\nAnonymous:            32 kB\n" +
-		"00e70000-00ecc000 rw-p 00a70000 fe:00 123 " + exe + "\n" +
-		"Anonymous:             0 kB\n" +
+		"Rss:                  32 kB\nAnonymous:            32 kB\nSwap:                  0 kB\n" +
+		// The same, its private pages swapped out: Anonymous counts
+		// resident pages only.
+		"00e70000-00e78000 r--p 00a70000 fe:00 123 " + exe + "\n" +
+		"Rss:                   0 kB\nAnonymous:             0 kB\nSwap:                 32 kB\n" +
+		"00e78000-00ecc000 rw-p 00a78000 fe:00 123 " + exe + "\n" +
+		"Anonymous:             0 kB\nSwap:                  0 kB\n" +
 		"7f0000000000-7f0000100000 r--p 00000000 fe:00 456 /usr/lib/other.so\n" +
-		"Anonymous:             0 kB\n" +
+		"Anonymous:             0 kB\nSwap:                  0 kB\n" +
+		// A file whose path only starts like the executable's.
+		"7f0800000000-7f0800100000 r--p 00000000 fe:00 457 " + exe + ".old\n" +
+		"Anonymous:             0 kB\nSwap:                  0 kB\n" +
 		"7f1000000000-7f1000100000 r--s 00000000 fe:00 789 /var/lib/edgeagent/state.db\n" +
-		"Anonymous:             0 kB\n" +
+		"Anonymous:             0 kB\nSwap:                  0 kB\n" +
 		"7f2000000000-7f2000100000 rw-p 00000000 00:00 0\n" +
-		"Anonymous:          1024 kB\n"
+		"Anonymous:          1024 kB\nSwap:                  0 kB\n"
 	path := filepath.Join(t.TempDir(), "smaps")
 	if err := os.WriteFile(path, []byte(smaps), 0o600); err != nil {
 		t.Fatal(err)
@@ -175,7 +187,7 @@ func TestFindKeepsCleanReadOnlyMappingsOfTheExecutable(t *testing.T) {
 		t.Errorf("find = %#x, want %#x (the executable's code and clean read-only data only)", got.ranges, want)
 	}
 
-	if err := os.WriteFile(path, []byte("0040000g-00923000 r-xp 00000000 fe:00 123 "+exe+"\nAnonymous: 0 kB\n"), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte("0040000g-00923000 r-xp 00000000 fe:00 123 "+exe+"\nAnonymous: 0 kB\nSwap: 0 kB\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := find(path); err != errNoRange {

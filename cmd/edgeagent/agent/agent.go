@@ -349,14 +349,11 @@ func Open(cfg *config.Config, opts Options) (*Agent, error) {
 // reads the function tables of every goroutine's frames); with code, at
 // the start, the executable's code too (see exepages.Pages.Drop).
 func (a *Agent) releaseMapped(code bool) {
-	if err := a.exe.Drop(code); err != nil {
-		a.log.Warn("releasing the executable's pages failed", "err", err)
-	}
-	if err := a.Bronze.DropMapped(); err != nil {
-		a.log.Warn("bronze: releasing mapped pages failed", "err", err)
-	}
-	if err := boltkv.DropMapped(a.State); err != nil {
-		a.log.Warn("state: releasing mapped pages failed", "err", err)
+	// Each error names its file (one Warn: the arm64 binary's code room).
+	for _, err := range [...]error{a.exe.Drop(code), a.Bronze.DropMapped(), boltkv.DropMapped(a.State)} {
+		if err != nil {
+			a.log.Warn("releasing mapped pages failed", "err", err)
+		}
 	}
 }
 
