@@ -506,10 +506,10 @@ func (w *chunkWriter) bucket(name []byte, fill float64) *bolt.Bucket {
 // transaction and begins the next.
 func (w *chunkWriter) wrote(n int) error {
 	w.written += n
-	if w.written>>15 != (w.written-n)>>15 { // every 32 KiB of rows
-		w.release()
-	}
 	if w.written < chunkBytes {
+		if w.written>>15 != (w.written-n)>>15 { // every 32 KiB of rows; commit releases too
+			w.release()
+		}
 		return nil
 	}
 	if err := w.commit(); err != nil {

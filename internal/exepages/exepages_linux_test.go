@@ -50,21 +50,17 @@ func readOnly(t *testing.T) *Pages {
 }
 
 // coldPages counts the mapped pages of cold's middle, 64 KiB (fault-
-// around's reach) in from each end, after mapping all of ranges in as the
-// agent's start does; it skips the test where that does not map them.
+// around's reach) in from each end, after mapping all of p's ranges in as
+// the agent's start does; it skips the test where that does not map them.
 func coldPages(t *testing.T, p *Pages) (count func() int, pages int) {
 	t.Helper()
-	var ranges []uintptr
-	for i := 0; i < len(p.ranges); i += 3 {
-		ranges = append(ranges, p.ranges[i], p.ranges[i+1])
-	}
 	pagemap, err := os.Open("/proc/self/pagemap")
 	if err != nil {
 		t.Skipf("no pagemap: %v", err)
 	}
 	t.Cleanup(func() { pagemap.Close() })
-	for i := 0; i < len(ranges); i += 2 {
-		if _, _, errno := syscall.Syscall(syscall.SYS_MADVISE, ranges[i], ranges[i+1], madvPopulateRead); errno != 0 {
+	for i := 0; i < len(p.ranges); i += 3 {
+		if _, _, errno := syscall.Syscall(syscall.SYS_MADVISE, p.ranges[i], p.ranges[i+1], madvPopulateRead); errno != 0 {
 			t.Skipf("madvise(MADV_POPULATE_READ) needs Linux 5.14: %v", errno)
 		}
 	}
