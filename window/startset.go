@@ -49,7 +49,7 @@ func (s *startSet) has(start, slide int64) bool {
 func (s *startSet) add(start, slide int64) {
 	if s.wide != nil {
 		if i, ok := slices.BinarySearch(*s.wide, start); !ok {
-			*s.wide = slices.Insert(*s.wide, i, start)
+			*s.wide = insertSpare(*s.wide, i, start)
 		}
 		return
 	}

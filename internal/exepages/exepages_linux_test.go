@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"unsafe"
@@ -40,7 +42,7 @@ func readOnly(t *testing.T) *Pages {
 		t.Fatal(p.err)
 	}
 	start := uintptr(unsafe.Pointer(unsafe.StringData(cold)))
-	for i := 0; i < len(p.ranges); i += 3 {
+	for i := 0; i < len(p.ranges); i += 4 {
 		if p.ranges[i+2] == 0 && p.ranges[i] <= start && start < p.ranges[i]+p.ranges[i+1] {
 			return p
 		}
@@ -59,7 +61,7 @@ func coldPages(t *testing.T, p *Pages) (count func() int, pages int) {
 		t.Skipf("no pagemap: %v", err)
 	}
 	t.Cleanup(func() { pagemap.Close() })
-	for i := 0; i < len(p.ranges); i += 3 {
+	for i := 0; i < len(p.ranges); i += 4 {
 		if _, _, errno := syscall.Syscall(syscall.SYS_MADVISE, p.ranges[i], p.ranges[i+1], madvPopulateRead); errno != 0 {
 			t.Skipf("madvise(MADV_POPULATE_READ) needs Linux 5.14: %v", errno)
 		}
@@ -88,7 +90,7 @@ func TestDropReleasesTheExecutablesPages(t *testing.T) {
 	p := readOnly(t)
 	count, pages := coldPages(t, p)
 	codes := 0
-	for i := 2; i < len(p.ranges); i += 3 {
+	for i := 2; i < len(p.ranges); i += 4 {
 		codes += int(p.ranges[i])
 	}
 	if codes == 0 {
@@ -100,6 +102,57 @@ func TestDropReleasesTheExecutablesPages(t *testing.T) {
 	if n := count(); n != 0 {
 		t.Errorf("%d of %d pages of unread data still mapped after Drop, want 0", n, pages)
 	}
+}
+
+// TestStartDropEvictsTheData: the start's Drop takes the data's unmapped
+// pages out of the page cache and turns off read-around for its mapping,
+// so that a fault maps only pages in use, not the 64 KiB around them.
+func TestStartDropEvictsTheData(t *testing.T) {
+	p := readOnly(t)
+	_, pages := coldPages(t, p)
+	start := uintptr(unsafe.Pointer(unsafe.StringData(cold)))
+	page := uintptr(os.Getpagesize())
+	lo := (start + 64<<10 + page - 1) &^ (page - 1)
+	cached := func() (n int) {
+		vec := make([]byte, pages)
+		if _, _, errno := syscall.Syscall(syscall.SYS_MINCORE, lo, uintptr(pages)*page, uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+			t.Fatalf("mincore: %v", errno)
+		}
+		for _, v := range vec {
+			n += int(v & 1)
+		}
+		return n
+	}
+	if n := cached(); n != pages {
+		t.Fatalf("%d of %d pages of cold in the page cache after they were mapped, want all", n, pages)
+	}
+	if err := p.Drop(true); err != nil {
+		t.Fatal(err)
+	}
+	// The kernel evicts whole folios; one that also holds data in use
+	// stays.
+	if n := cached(); n > pages/4 {
+		t.Errorf("%d of %d pages of unread data still in the page cache after the start's Drop, want at most a quarter", n, pages)
+	}
+	smaps, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var in bool
+	for line := range strings.Lines(string(smaps)) {
+		if f := strings.Fields(line); len(f) >= 5 && strings.Contains(f[0], "-") && !strings.HasSuffix(f[0], ":") {
+			lohi := strings.SplitN(f[0], "-", 2)
+			a, _ := strconv.ParseUint(lohi[0], 16, 64)
+			b, _ := strconv.ParseUint(lohi[1], 16, 64)
+			in = uintptr(a) <= start && start < uintptr(b)
+		} else if in && strings.HasPrefix(line, "VmFlags:") {
+			if !slices.Contains(strings.Fields(line)[1:], "rr") {
+				t.Errorf("cold's mapping has %q, want the random-read flag rr (MADV_RANDOM)", strings.TrimSpace(line))
+			}
+			return
+		}
+	}
+	t.Fatalf("no mapping in /proc/self/smaps holds cold at %#x", start)
 }
 
 // TestFindLeavesPrivateCopiesOut: a debugger's breakpoint or a uprobe
@@ -179,7 +232,7 @@ func TestFindKeepsCleanReadOnlyMappingsOfTheExecutable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []uintptr{0x400000, 0x523000, 1, 0x923000, 0x545000, 0}; !slices.Equal(got.ranges, want) {
+	if want := []uintptr{0x400000, 0x523000, 1, 0, 0x923000, 0x545000, 0, 0x523000}; !slices.Equal(got.ranges, want) {
 		t.Errorf("find = %#x, want %#x (the executable's code and clean read-only data only)", got.ranges, want)
 	}
 
@@ -188,6 +241,12 @@ func TestFindKeepsCleanReadOnlyMappingsOfTheExecutable(t *testing.T) {
 	}
 	if _, err := find(path); err != errNoRange {
 		t.Errorf("find on a range that is not hex: err %v, want %v", err, errNoRange)
+	}
+	if err := os.WriteFile(path, []byte("00400000-00923000 r-xp 0000000x fe:00 123 "+exe+"\nAnonymous: 0 kB\nSwap: 0 kB\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := find(path); err != errNoRange {
+		t.Errorf("find on an offset that is not hex: err %v, want %v", err, errNoRange)
 	}
 	missing, err := find(filepath.Join(t.TempDir(), "missing"))
 	if !os.IsNotExist(err) {

@@ -9,4 +9,4 @@ type Pages struct{}
 func Find() *Pages { return &Pages{} }
 
 // Drop does nothing.
-func (p *Pages) Drop(code bool) error { return nil }
+func (p *Pages) Drop(start bool) error { return nil }

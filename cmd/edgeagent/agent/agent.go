@@ -345,12 +345,12 @@ func Open(cfg *config.Config, opts Options) (*Agent, error) {
 
 // releaseMapped takes the data files' pages that bbolt's reads mapped out
 // of the resident set (boltkv.DropMapped), and the executable's read-only
-// data (4 MiB of it under load come back within 250 ms, as the collector
-// reads the function tables of every goroutine's frames); with code, at
-// the start, the executable's code too (see exepages.Pages.Drop).
-func (a *Agent) releaseMapped(code bool) {
+// data (the collector reads the function tables of every goroutine's
+// frames as it scans stacks); with start, the executable's code too, and
+// its data's pages leave the page cache (see exepages.Pages.Drop).
+func (a *Agent) releaseMapped(start bool) {
 	// Each error names its file (one Warn: the arm64 binary's code room).
-	for _, err := range [...]error{a.exe.Drop(code), a.Bronze.DropMapped(), boltkv.DropMapped(a.State)} {
+	for _, err := range [...]error{a.exe.Drop(start), a.Bronze.DropMapped(), boltkv.DropMapped(a.State)} {
 		if err != nil {
 			a.log.Warn("releasing mapped pages failed", "err", err)
 		}
