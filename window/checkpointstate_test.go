@@ -63,10 +63,15 @@ func BenchmarkStateBeforeCheckpoint(b *testing.B) {
 
 // BenchmarkIdleCloseOutputs reports the heap a batch's outputs hold when
 // 10,000 devices × 2 metrics go idle at once (the end of the rig's load
-// mode): every open window is emitted by one clock tick, and its
-// emission waits in the batch until the commit writes it.
+// mode), all in one clock advance here (the engine closes idleCloseMax
+// windows an advance): each emission waits in the batch until the commit
+// writes it.
 func BenchmarkIdleCloseOutputs(b *testing.B) {
 	const devices, rounds = 10_000, 3
+	// The whole fleet in one clock advance, to measure an emission (the
+	// engine closes idleCloseMax windows an advance).
+	defer func(was int) { idleCloseMax = was }(idleCloseMax)
+	idleCloseMax = devices * 2
 	cfg := benchConfig(b)
 	cfg.MaxDevices = devices
 	cfg.IdleTimeout = 30 * time.Second

@@ -147,6 +147,42 @@ func TestIdleCloseAndRevisionsPerTick(t *testing.T) {
 	}
 }
 
+// TestIdleClosesAFleetInPortions: a clock advance closes at most about
+// idleCloseMax windows of idle devices; the rest close at the next
+// advance, and a device that speaks before its turn is not idle any more.
+func TestIdleClosesAFleetInPortions(t *testing.T) {
+	defer func(was int) { idleCloseMax = was }(idleCloseMax)
+	idleCloseMax = 3
+	cfg := testConfig(t) // idle 2m
+	p := newStepper(t, cfg)
+	for i := range 5 {
+		at := t0.Add(time.Duration(i) * time.Millisecond)
+		p.feed(telemetry(fmt.Sprintf("d%d", i+1), "1", t0.Add(10*time.Second), at, float64(i)))
+	}
+	devices := func(aggs []wire.Aggregate) (names []string) {
+		for _, a := range aggs {
+			names = append(names, a.Device)
+		}
+		return names
+	}
+	idle := t0.Add(time.Second + cfg.IdleTimeout)
+	if got := devices(p.feed(tick(idle))); !slices.Equal(got, []string{"d1", "d2", "d3"}) {
+		t.Fatalf("first advance past the idle timeout closed %v, want the three silent longest", got)
+	}
+	// d4 speaks before its turn (received at the same logged instant, so
+	// no clock advance comes before its reading): its window stays open.
+	if got := p.feed(telemetry("d4", "2", t0.Add(20*time.Second), idle, 10)); len(got) != 0 {
+		t.Fatalf("d4's reading emitted %v", devices(got))
+	}
+	if got := devices(p.feed(tick(idle.Add(time.Second)))); !slices.Equal(got, []string{"d5"}) {
+		t.Fatalf("second advance closed %v, want d5 (d4 is not idle any more)", got)
+	}
+	got := p.feed(tick(idle.Add(cfg.IdleTimeout)))
+	if len(got) != 1 || got[0].Device != "d4" || got[0].Count != 2 || got[0].Rev != 1 {
+		t.Fatalf("d4's idle close emitted %v, want its window once with both readings", devices(got))
+	}
+}
+
 func TestDeviceExpiryAndCap(t *testing.T) {
 	var logs captureLog
 	cfg := testConfig(t)
