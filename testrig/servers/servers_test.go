@@ -150,14 +150,23 @@ func TestNATSStreamSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "the client to reconnect", nc.IsConnected)
-	st, err := js.Stream(ctx, "S")
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Asked again until it answers: a request sent while the client
+	// resubscribes after the reconnect can lose its response, and this
+	// one waited out the whole context once (20 s) under a loaded
+	// machine.
+	var info *jetstream.StreamInfo
+	waitFor(t, 15*time.Second, "the stream's info after the restart", func() bool {
+		try, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		st, err := js.Stream(try, "S")
+		if err == nil {
+			info, err = st.Info(try)
+		}
+		if err != nil {
+			t.Logf("stream info: %v", err)
+		}
+		return err == nil
+	})
 	if info.State.Msgs != 1 {
 		t.Fatalf("stream holds %d messages after the restart, want 1", info.State.Msgs)
 	}
