@@ -1095,10 +1095,11 @@ const slewStepNs = int64(60e9)
 // is still a function of Bronze. When a fleet falls silent at once (the
 // end of the rig's load mode: 10,000 devices, 20,000 windows) one batch
 // held every emission, its outbox rows and the commit's pages together,
-// 3-5 MiB over the load's peak RSS; in portions of 4,096 windows the peak
-// is the load's own (two runs: 49.6 and 50.7 MiB against 55.6 and 51.4,
-// the 51.4 a run whose peak came during the load). The last of such a
-// fleet close a few ticks later. A variable only for tests.
+// 3-5 MiB over the load's own peak RSS; in portions the run's peak is the
+// load's (four load runs: three peaked during the load, where every run
+// before peaked at the idle close; docs/performance.md, session 28). The
+// last of such a fleet close a few ticks later. A variable only for
+// tests.
 var idleCloseMax = 4096
 
 // advanceClock moves the logged clock to ts (it never goes back) and runs

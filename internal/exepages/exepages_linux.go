@@ -46,9 +46,9 @@ func Find() *Pages {
 // the 64 KiB around its page that the page cache holds, so with the whole
 // file cached each function table the collector reads as it scans stacks
 // brought its neighbours in too (4.1-4.8 MiB of the 5.3 resident under
-// load, 1.8-2.7 evicted, measured). Evicted, a page the agent uses is read from storage
-// once, alone, and only the pages in use come back. Code keeps its
-// read-around: evicting it mapped no less.
+// load, 1.8-2.7 evicted, measured). Evicted, a page the agent uses is read
+// from storage once, alone, and only the pages in use come back. Code
+// keeps its read-around: evicting it mapped no less.
 func (p *Pages) Drop(start bool) (err error) {
 	err, p.err = p.err, nil
 	var exe *os.File
