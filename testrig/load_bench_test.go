@@ -58,6 +58,7 @@ func TestLoadEmbeddedShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a load run with the real agent")
 	}
+	t.Parallel()
 	lr, err := rig.Load(context.Background(), rig.LoadOptions{Agent: agent(t), Devices: 200, Connections: 40,
 		Duration: 3 * time.Second, CeilingDuration: 2 * time.Second, MaxRate: 4000, Embedded: true, Progress: logWriter{t}})
 	if err != nil {

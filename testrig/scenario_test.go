@@ -23,13 +23,15 @@ import (
 // the upsert, counters as the truth predicts, no unexpected agent exit.
 //
 // With -short only steady and chaos run (chaos holds every misbehaviour
-// and fault); CI runs them all.
+// and fault); CI runs them all, in parallel: each has its own servers and
+// directory and mostly waits on its scenario's clock (docs/testrig.md).
 func TestScenarios(t *testing.T) {
 	for _, name := range scenario.Names() {
 		t.Run(name, func(t *testing.T) {
 			if testing.Short() && name != "steady" && name != "chaos" {
 				t.Skip("-short: steady and chaos only")
 			}
+			t.Parallel()
 			rep, _ := runShort(t, name, rig.Options{})
 			w := rep.Result.Windows
 			if w.Missing != 0 || w.Wrong != 0 || w.Extra != 0 || w.Expected == 0 || w.Correct != w.Expected {
@@ -45,6 +47,7 @@ func TestScenarios(t *testing.T) {
 // TestDemo runs make demo's code path for a few seconds: embedded broker,
 // link outage, live view, summary.
 func TestDemo(t *testing.T) {
+	t.Parallel()
 	bin := agent(t)
 	var out bytes.Buffer
 	rep, err := rig.Demo(context.Background(), rig.DemoOptions{Agent: bin, Duration: 8 * time.Second, Devices: 12, Out: &out})
@@ -66,6 +69,7 @@ func TestDemo(t *testing.T) {
 
 // The demo with the MQTT uplink: an in-process MQTT broker is the cloud.
 func TestDemoMQTTUplink(t *testing.T) {
+	t.Parallel()
 	bin := agent(t)
 	var out bytes.Buffer
 	rep, err := rig.Demo(context.Background(), rig.DemoOptions{Agent: bin, Duration: 6 * time.Second, Devices: 6, Out: &out, Uplink: rig.UplinkMQTT})
@@ -98,6 +102,7 @@ agent:
 // window wrong and the counters off the second time), and must not send
 // batches JetStream takes for the first run's.
 func TestReuseDirAndStream(t *testing.T) {
+	t.Parallel()
 	bin := agent(t)
 	sc, err := scenario.Parse("reuse", []byte(reuse))
 	if err != nil {
@@ -223,6 +228,7 @@ func TestDemoAbortedWhileSettling(t *testing.T) {
 // ends there and the catch-up and summary follow (the duration's timer
 // had replaced the stop).
 func TestDemoStoppedBeforeItsDuration(t *testing.T) {
+	t.Parallel()
 	bin := agent(t)
 	stop := make(chan struct{})
 	out := &trigger{when: map[string]func(){"] sent": func() { close(stop) }}}
@@ -243,6 +249,7 @@ func TestDemoStoppedBeforeItsDuration(t *testing.T) {
 // A device broker that goes away for good fails the run once publishing
 // passes its bound, instead of holding it forever.
 func TestRunBoundsPublishing(t *testing.T) {
+	t.Parallel()
 	bin := agent(t)
 	sc, err := scenario.Parse("reuse", []byte(reuse))
 	if err != nil {
@@ -286,6 +293,7 @@ agent:
 // to its data files fail with EFBIG for the span, it says so in its log,
 // and every window still arrives right after upsert.
 func TestDiskFullByWriteErrors(t *testing.T) {
+	t.Parallel()
 	sc, err := scenario.Parse("disk-full-write-errors", []byte(diskFull))
 	if err != nil {
 		t.Fatal(err)

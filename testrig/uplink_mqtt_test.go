@@ -20,6 +20,7 @@ func TestMQTTUplink(t *testing.T) {
 			if testing.Short() && name != "steady" {
 				t.Skip("-short: steady only")
 			}
+			t.Parallel()
 			rep, table := runShort(t, name, rig.Options{Uplink: rig.UplinkMQTT})
 			if !rep.OK() || rep.Result.Windows.Correct == 0 || rep.Result.Delivery.Bytes == 0 {
 				t.Fatalf("verdict %s: %v", rep.Verdict, rep.Failures)
