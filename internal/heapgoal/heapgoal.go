@@ -8,13 +8,13 @@
 // with pointer-free memory (the zstd encoder's tables, byte arenas,
 // Bronze's buffers), which the collector does not scan. Run sets a soft
 // memory limit (debug.SetMemoryLimit) after every collection instead: the
-// quietest live heap of the last few collections plus GOGC/100 times that
-// heap with its pointer-free bytes counted half. Half, because they cost
-// no marking but the collections per allocated byte grow as the headroom
-// shrinks: in load mode (half the heap pointer-free) counting them fully
-// kept session 20's memory and CPU, counting them not at all saved 10 MiB
-// for 2.5 s more CPU per million readings, and half saved 3-5 MiB for a
-// point or two more of the CPU in the collector (docs/performance.md).
+// quietest live heap of the last few collections plus GOGC/100 times its
+// scannable bytes. Marking costs what the scannable part holds; the
+// headroom sets how often it runs. Pointer-free bytes got half a share
+// until session 29: with Go 1.26's collector, giving them none took load
+// mode's peak from 50.4-55.5 to 45.3-51.2 MiB (ten alternated pairs) for
+// about 45 more collections a run and the collector's share of the CPU
+// from 11-13 to 18-19 % (docs/performance.md).
 // A peak costs a few earlier collections instead of resident memory.
 package heapgoal
 
@@ -58,10 +58,9 @@ func (p *Pacer) Limit(live, scan, overhead uint64) int64 {
 	for i := range min(p.n, len(p.live)) {
 		quiet, quietScan = min(quiet, p.live[i]), min(quietScan, p.scan[i])
 	}
-	// GOGC's share of the quietest live heap, its pointer-free bytes
-	// counted half (see the package doc).
-	quietScan = min(quietScan, quiet)
-	headroom := p.gogc * (float64(quietScan) + float64(quiet-quietScan)/2)
+	// GOGC's share of the quietest live heap's scannable bytes: the
+	// pointer-free ones get none (see the package doc).
+	headroom := p.gogc * float64(min(quietScan, quiet))
 	// The floors bound what a lasting growth (more devices) costs until
 	// the quietest collection catches up with it: a collection per eighth
 	// of growth, never back to back. An eighth rather than a quarter: a

@@ -32,25 +32,25 @@ func TestSteadyHeapGetsTheGOGCGoal(t *testing.T) {
 	}
 }
 
-func TestPointerFreeMemoryCountsHalf(t *testing.T) {
+func TestPointerFreeMemoryGetsNoHeadroom(t *testing.T) {
 	p := NewPacer(100, math.MaxInt64)
 	// 20 MB live, of which 12 MB is pointer-free (tables, byte arenas):
-	// the headroom is the 8 MB the collector scans and half the 12.
+	// the headroom is the 8 MB the collector scans.
 	var limit int64
 	for range 3 {
 		limit = p.Limit(20*mb, 8*mb, 3*mb)
 	}
-	if want := int64(37 * mb); limit != want {
-		t.Fatalf("limit %d, want %d (live, its scannable part, half the rest, the overhead)", limit, want)
+	if want := int64(31 * mb); limit != want {
+		t.Fatalf("limit %d, want %d (live, its scannable part, the overhead)", limit, want)
 	}
 	p = NewPacer(50, math.MaxInt64)
-	if got, want := p.Limit(20*mb, 8*mb, 0), int64(27*mb); got != want {
+	if got, want := p.Limit(20*mb, 8*mb, 0), int64(24*mb); got != want {
 		t.Fatalf("GOGC=50: limit %d, want %d", got, want)
 	}
-	// Mostly pointer-free, the heap still gets the floor's eighth.
+	// All pointer-free, the heap still gets the floor's eighth.
 	p = NewPacer(100, math.MaxInt64)
-	if got, want := p.Limit(40*mb, 0, 0), int64(60*mb); got != want {
-		t.Fatalf("40 MB live, none scannable: limit %d, want %d (half the headroom)", got, want)
+	if got, want := p.Limit(40*mb, 0, 0), int64(45*mb); got != want {
+		t.Fatalf("40 MB live, none scannable: limit %d, want %d (the floor)", got, want)
 	}
 }
 
