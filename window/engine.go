@@ -27,7 +27,11 @@ const (
 
 // window is one event-time window of one metric of one device.
 type window struct {
-	ser                        *series
+	// ser is the window's series in engine.sers: an index, not a pointer,
+	// so that windows hold no pointers and the collector, which counts a
+	// densely marked span's objects whole as scannable, leaves them out
+	// of the heap pacer's headroom (internal/heapgoal).
+	ser                        seriesID
 	start                      int64 // unix ms
 	count                      uint64
 	sum, min, max, first, last float64
@@ -62,9 +66,13 @@ func (w *window) add(v float64, t int64, seq uint64, ptime bool) {
 	w.ptime = w.ptime || ptime
 }
 
+// seriesID is a series' index in engine.sers; 0 is none.
+type seriesID uint32
+
 // series is one metric of one device: its windows in state.
 type series struct {
 	dev     *device
+	id      seriesID
 	name    string
 	windows []*window
 	// evicted are the starts of emitted windows without pending changes
@@ -149,12 +157,41 @@ const seriesIndexMin = 32
 // addSeries makes a series of metric name for d.
 func (e *engine) addSeries(d *device, name []byte) *series {
 	s := &series{dev: d, name: e.internMetric(name)}
+	e.register(s)
 	d.series = append(d.series, s)
 	if idx := e.seriesIdx[d]; idx != nil {
 		idx[s.name] = s
 	}
 	return s
 }
+
+// register gives s an id in e.sers, reusing one a dropped device freed.
+func (e *engine) register(s *series) {
+	if n := len(e.freeSers); n > 0 {
+		s.id = e.freeSers[n-1]
+		e.freeSers = e.freeSers[:n-1]
+	} else {
+		if len(e.sers) == 0 {
+			e.sers = append(e.sers, nil) // id 0 is none
+		}
+		s.id = seriesID(len(e.sers))
+		e.sers = append(e.sers, nil)
+	}
+	e.sers[s.id] = s
+}
+
+// unregister frees s's id; s's windows must be gone.
+func (e *engine) unregister(s *series) {
+	if s.id == 0 || int(s.id) >= len(e.sers) || e.sers[s.id] != s {
+		return
+	}
+	e.sers[s.id] = nil
+	e.freeSers = append(e.freeSers, s.id)
+	s.id = 0
+}
+
+// serOf returns w's series.
+func (e *engine) serOf(w *window) *series { return e.sers[w.ser] }
 
 // listOf returns the list d is in.
 func (e *engine) listOf(d *device) *devList {
@@ -256,6 +293,10 @@ type engine struct {
 	rd                                        reading
 
 	devices map[string]*device
+	// sers holds every series by its id (windows name theirs by id), and
+	// freeSers the ids dropped devices freed.
+	sers     []*series
+	freeSers []seriesID
 	// metricNames interns series names: 10,000 devices report the same
 	// few metrics, and each series held its own copy of the name.
 	metricNames map[string]string
@@ -681,7 +722,7 @@ func (e *engine) addReading(dev *device, seq uint64, rd *reading, prefix string)
 						return // the Step fails and reloads the state
 					}
 				} else {
-					w = &window{ser: ser, start: s}
+					w = &window{ser: ser.id, start: s}
 					ser.windows = append(ser.windows, w)
 					e.nWindows++
 					dev.nextEmit = min(dev.nextEmit, end)
@@ -785,7 +826,7 @@ func (e *engine) restore(ser *series, start int64) *window {
 		e.loadErr = fmt.Errorf("load evicted window %s/%s at %s: %w", ser.dev.name, ser.name, fmtMs(start), err)
 		return nil
 	}
-	w.ser, w.start, w.dirty, w.dead = ser, start, false, false
+	w.ser, w.start, w.dirty, w.dead = ser.id, start, false, false
 	if ref != 0 {
 		e.parkArena.dropAt(ref)
 		e.nParked--
@@ -854,7 +895,10 @@ func (e *engine) pruneDevice(dev *device) {
 		}
 		if len(ws) > 0 || ser.evicted.len() > 0 {
 			kept = append(kept, ser)
-		} else if idx := e.seriesIdx[dev]; idx != nil {
+			continue
+		}
+		e.unregister(ser)
+		if idx := e.seriesIdx[dev]; idx != nil {
 			delete(idx, ser.name)
 		}
 	}
@@ -882,17 +926,18 @@ func (e *engine) dropEvicted(ser *series, through int64) {
 func (e *engine) dropWindow(w *window) {
 	w.dead = true
 	e.nWindows--
-	e.delWins = append(e.delWins, seriesStart{w.start, w.ser})
+	e.delWins = append(e.delWins, seriesStart{w.start, e.serOf(w)})
 	if w.pending {
 		delete(e.pending, w)
 	}
 }
 
-func compareWindows(a, b *window) int {
-	if c := strings.Compare(a.ser.dev.name, b.ser.dev.name); c != 0 {
+func (e *engine) compareWindows(a, b *window) int {
+	as, bs := e.serOf(a), e.serOf(b)
+	if c := strings.Compare(as.dev.name, bs.dev.name); c != 0 {
 		return c
 	}
-	if c := strings.Compare(a.ser.name, b.ser.name); c != 0 {
+	if c := strings.Compare(as.name, bs.name); c != 0 {
 		return c
 	}
 	return cmp.Compare(a.start, b.start)
@@ -901,7 +946,7 @@ func compareWindows(a, b *window) int {
 // emitSorted emits ws in (device, metric, start) order, so that the outbox
 // is byte-identical however the emission point was reached.
 func (e *engine) emitSorted(ws []*window) {
-	slices.SortFunc(ws, compareWindows)
+	slices.SortFunc(ws, e.compareWindows)
 	for _, w := range ws {
 		e.emit(w)
 	}
@@ -964,7 +1009,7 @@ var parkEmitted = true
 // waited for the checkpoint that evicts them, where their encodings take
 // about 60 bytes.
 func (e *engine) park(w *window) {
-	ser := w.ser
+	ser := e.serOf(w)
 	i := slices.Index(ser.windows, w)
 	if i < 0 || !w.dirty || e.dirtyWins[w.dirtyAt] != w || e.parkArena.full() {
 		// Not where emit leaves it, or the arena is full (4 GiB): it stays
@@ -1013,7 +1058,7 @@ func (e *engine) snapshot(w *window, rev uint32) emission {
 	// The sum and mean of decimal readings, exactly (internal/decsum).
 	sum, mean := decsum.Snap(w.sum, w.count, w.min, w.max)
 	return emission{
-		ser: w.ser, start: w.start, at: floorDiv(e.clock, 1e6),
+		ser: e.serOf(w), start: w.start, at: floorDiv(e.clock, 1e6),
 		count: w.count, rev: rev, ptime: w.ptime,
 		vals: [6]float64{sum, w.min, w.max, mean, w.first, w.last},
 	}
@@ -1165,6 +1210,7 @@ func (e *engine) expire(d *device) {
 			e.dropWindow(w)
 		}
 		e.dropEvicted(ser, endless)
+		e.unregister(ser)
 	}
 	e.pruneDedup(d, endless)
 	e.listOf(d).remove(d)
@@ -1229,12 +1275,18 @@ func (e *engine) flushPending() {
 // emitAndPrune emits ws in order, then prunes each device they belong to.
 func (e *engine) emitAndPrune(ws []*window) {
 	e.emitSorted(ws)
+	// The devices first: pruning one frees the ids of its emptied series,
+	// which later windows of ws may name.
 	seen := map[*device]bool{}
+	var devs []*device
 	for _, w := range ws {
-		if d := w.ser.dev; !seen[d] {
+		if d := e.serOf(w).dev; !seen[d] {
 			seen[d] = true
-			e.pruneDevice(d)
+			devs = append(devs, d)
 		}
+	}
+	for _, d := range devs {
+		e.pruneDevice(d)
 	}
 }
 

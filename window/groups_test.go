@@ -165,8 +165,7 @@ func TestRowLayoutMigrates(t *testing.T) {
 
 // putChange and delChange are changes to the window entry (dev, metric).
 func putChange(dev, metric string, w *window) rowChange {
-	w.ser = &series{dev: &device{name: dev}, name: metric}
-	return rowChange{kind: putWindow, ref: w}
+	return rowChange{kind: putWindow, ref: &winPut{w, &series{dev: &device{name: dev}, name: metric}}}
 }
 
 func delChange(dev, metric string) rowChange {

@@ -47,7 +47,7 @@ func checkStateInvariants(t *testing.T, s *Stage, checkpointed bool) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	nW, nEv, nPark, nDedup := 0, 0, 0, 0
+	nW, nEv, nPark, nDedup, nSer := 0, 0, 0, 0, 0
 	mem := map[string]bool{}
 	for name, d := range e.devices {
 		if d.name != name || d.dead {
@@ -57,8 +57,12 @@ func checkStateInvariants(t *testing.T, s *Stage, checkpointed bool) {
 			if ser.dev != d {
 				t.Fatalf("series %s/%s of another device", d.name, ser.name)
 			}
+			if ser.id == 0 || int(ser.id) >= len(e.sers) || e.sers[ser.id] != ser {
+				t.Fatalf("series %s/%s not registered at its id %d", d.name, ser.name, ser.id)
+			}
+			nSer++
 			for _, w := range ser.windows {
-				if w.dead || w.ser != ser {
+				if w.dead || e.serOf(w) != ser {
 					t.Fatalf("window %s/%s@%d dead %v", d.name, ser.name, w.start, w.dead)
 				}
 				if ser.evicted.has(w.start, e.slideMs) {
@@ -127,6 +131,11 @@ func checkStateInvariants(t *testing.T, s *Stage, checkpointed bool) {
 	if nW+nEv != e.nWindows || nEv != e.nEvicted || nPark != e.nParked {
 		t.Fatalf("counters: windows %d+%d evicted (nWindows %d, nEvicted %d), parked %d (nParked %d)",
 			nW, nEv, e.nWindows, e.nEvicted, nPark, e.nParked)
+	}
+	// Every registered series belongs to a live device: a dropped
+	// device's ids are free again.
+	if reg := len(e.sers) - 1 - len(e.freeSers); len(e.sers) > 0 && reg != nSer {
+		t.Fatalf("%d series registered, devices hold %d", reg, nSer)
 	}
 	if nDedup != e.nDedup {
 		t.Fatalf("nDedup %d, sets hold %d", e.nDedup, nDedup)

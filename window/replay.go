@@ -179,7 +179,9 @@ func replay(db *bolt.DB, src Source, cfg Config, from, to time.Time, res *Replay
 							d = &device{name: devName}
 							devs[devName] = d
 						}
-						w = &window{ser: &series{dev: d, name: k.metric}, start: s}
+						ser := &series{dev: d, name: k.metric}
+						e.register(ser)
+						w = &window{ser: ser.id, start: s}
 						wins[k] = w
 					}
 					w.add(m.v, rd.t, r.Seq, rd.ptime)
@@ -202,7 +204,7 @@ func replay(db *bolt.DB, src Source, cfg Config, from, to time.Time, res *Replay
 	for _, w := range wins {
 		all = append(all, w)
 	}
-	slices.SortFunc(all, compareWindows)
+	slices.SortFunc(all, e.compareWindows)
 	at := floorDiv(clock, 1e6)
 
 	var rev uint32

@@ -405,7 +405,7 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 			e.nEvicted++
 			return nil
 		}
-		w.ser, w.start = ser, start
+		w.ser, w.start = ser.id, start
 		wp := new(window) // only these go to the heap
 		*wp = w
 		ser.windows = append(ser.windows, wp)
