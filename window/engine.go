@@ -166,31 +166,32 @@ func (e *engine) addSeries(d *device, name []byte) *series {
 }
 
 // register gives s an id in e.sers, reusing one a dropped device freed.
+// Not inlined, nor is unregister: the arm64 binary's code budget
+// (docs/performance.md, Binary size).
+//
+//go:noinline
 func (e *engine) register(s *series) {
 	if n := len(e.freeSers); n > 0 {
 		s.id = e.freeSers[n-1]
 		e.freeSers = e.freeSers[:n-1]
-	} else {
-		if len(e.sers) == 0 {
-			e.sers = append(e.sers, nil) // id 0 is none
-		}
-		s.id = seriesID(len(e.sers))
-		e.sers = append(e.sers, nil)
+		e.sers[s.id] = s
+		return
 	}
-	e.sers[s.id] = s
+	s.id = seriesID(len(e.sers))
+	e.sers = append(e.sers, s)
 }
 
 // unregister frees s's id; s's windows must be gone.
+//
+//go:noinline
 func (e *engine) unregister(s *series) {
-	if s.id == 0 || int(s.id) >= len(e.sers) || e.sers[s.id] != s {
-		return
-	}
 	e.sers[s.id] = nil
 	e.freeSers = append(e.freeSers, s.id)
-	s.id = 0
 }
 
-// serOf returns w's series.
+// serOf returns w's series (not inlined: see register).
+//
+//go:noinline
 func (e *engine) serOf(w *window) *series { return e.sers[w.ser] }
 
 // listOf returns the list d is in.
@@ -413,6 +414,7 @@ func newEngine(cfg *Config) *engine {
 		tombstones:  map[string]int64{},
 		tombFloor:   noTime,
 		pending:     map[*window]struct{}{},
+		sers:        []*series{nil}, // id 0 is none
 	}
 	for _, s := range cfg.Subscriptions {
 		e.subs = append(e.subs, sub{s.Template, s.Format})
@@ -1275,18 +1277,20 @@ func (e *engine) flushPending() {
 // emitAndPrune emits ws in order, then prunes each device they belong to.
 func (e *engine) emitAndPrune(ws []*window) {
 	e.emitSorted(ws)
-	// The devices first: pruning one frees the ids of its emptied series,
-	// which later windows of ws may name.
-	seen := map[*device]bool{}
-	var devs []*device
+	// Sorted, a device's windows are together: each device is pruned
+	// after its last window, as pruning frees the ids of its emptied
+	// series, which its windows name.
+	var prev *device
 	for _, w := range ws {
-		if d := e.serOf(w).dev; !seen[d] {
-			seen[d] = true
-			devs = append(devs, d)
+		if d := e.serOf(w).dev; d != prev {
+			if prev != nil {
+				e.pruneDevice(prev)
+			}
+			prev = d
 		}
 	}
-	for _, d := range devs {
-		e.pruneDevice(d)
+	if prev != nil {
+		e.pruneDevice(prev)
 	}
 }
 

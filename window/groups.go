@@ -184,18 +184,11 @@ type rowChange struct {
 	ref    any // see changeKind
 }
 
-// winPut is a putWindow's window with its series (a window names its
-// series by id).
-type winPut struct {
-	w   *window
-	ser *series
-}
-
 // changeKind says what a rowChange does, and what its ref is.
 type changeKind uint8
 
 const (
-	putWindow changeKind = iota // ref *winPut
+	putWindow changeKind = iota // ref *series: its window at at, in memory
 	putParked                   // ref *series: its window parked at at, in parked
 	delWindow                   // ref *seriesStart, or *winRef
 	putDedup                    // ref *device: its group ending at at
@@ -211,8 +204,6 @@ func (c *rowChange) put() bool {
 // names returns the device and metric of the change's entry.
 func (c *rowChange) names() (dev, metric string) {
 	switch r := c.ref.(type) {
-	case *winPut:
-		return r.ser.dev.name, r.ser.name
 	case *series:
 		return r.dev.name, r.name
 	case *seriesStart:
@@ -256,7 +247,7 @@ func (c *rowChange) maxSize() int {
 func (c *rowChange) appendEntry(b, scratch []byte, parked *parkArena) ([]byte, []byte) {
 	switch c.kind {
 	case putWindow:
-		scratch = appendWindow(scratch[:0], c.ref.(*winPut).w)
+		scratch = appendWindow(scratch[:0], c.ref.(*series).find(c.at))
 	case putParked:
 		scratch = append(scratch[:0], parked.encoding(c.parked)...)
 	case putDedup:
@@ -323,12 +314,10 @@ func windowChanges(changes []rowChange, e *engine) []rowChange {
 		r := &e.delWins[i]
 		changes = append(changes, rowChange{at: r.start, shard: r.ser.dev.shard, kind: delWindow, ref: r})
 	}
-	puts := make([]winPut, 0, len(e.dirtyWins))
 	for _, w := range e.dirtyWins {
 		if !w.dead {
 			ser := e.serOf(w)
-			puts = append(puts, winPut{w, ser})
-			changes = append(changes, rowChange{at: w.start, shard: ser.dev.shard, kind: putWindow, ref: &puts[len(puts)-1]})
+			changes = append(changes, rowChange{at: w.start, shard: ser.dev.shard, kind: putWindow, ref: ser})
 		}
 	}
 	for _, ser := range e.parkedSers {

@@ -165,7 +165,7 @@ func TestRowLayoutMigrates(t *testing.T) {
 
 // putChange and delChange are changes to the window entry (dev, metric).
 func putChange(dev, metric string, w *window) rowChange {
-	return rowChange{kind: putWindow, ref: &winPut{w, &series{dev: &device{name: dev}, name: metric}}}
+	return rowChange{at: w.start, kind: putWindow, ref: &series{dev: &device{name: dev}, name: metric, windows: []*window{w}}}
 }
 
 func delChange(dev, metric string) rowChange {
