@@ -165,7 +165,7 @@ func (e *engine) addSeries(d *device, name []byte) *series {
 	return s
 }
 
-// register gives s an id in e.sers, reusing one a dropped device freed.
+// register gives s an id in e.sers, reusing a dropped series' id.
 // Not inlined, nor is unregister: the arm64 binary's code budget
 // (docs/performance.md, Binary size).
 //
@@ -295,7 +295,8 @@ type engine struct {
 
 	devices map[string]*device
 	// sers holds every series by its id (windows name theirs by id), and
-	// freeSers the ids dropped devices freed.
+	// freeSers the ids of series dropped since (an expired device's, or
+	// a pruned empty one).
 	sers     []*series
 	freeSers []seriesID
 	// metricNames interns series names: 10,000 devices report the same

@@ -133,8 +133,8 @@ func checkStateInvariants(t *testing.T, s *Stage, checkpointed bool) {
 			nW, nEv, e.nWindows, e.nEvicted, nPark, e.nParked)
 	}
 	// Every registered series belongs to a live device: a dropped
-	// device's ids are free again.
-	if reg := len(e.sers) - 1 - len(e.freeSers); len(e.sers) > 0 && reg != nSer {
+	// series' id is free again (e.sers[0] is none).
+	if reg := len(e.sers) - 1 - len(e.freeSers); reg != nSer {
 		t.Fatalf("%d series registered, devices hold %d", reg, nSer)
 	}
 	if nDedup != e.nDedup {
