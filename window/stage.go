@@ -26,7 +26,7 @@ import (
 type Stage struct {
 	db   *bolt.DB
 	src  Source
-	recs []buffer.Record // the array each Step reads its batch into
+	recs []buffer.Record // the array each Step reads its batch into, a slice at a time
 	cfg  Config
 	log  *slog.Logger
 
@@ -413,41 +413,60 @@ func (s *Stage) Step() (StepResult, error) {
 		s.publish(res, true)
 		return res, nil
 	}
-	recs, err := s.src.ReadInto(s.recs, s.eng.offset+1, s.cfg.MaxRecordsPerBatch)
-	s.recs = recs[:0]
-	// Nothing keeps a record past the Step; cleared, the array pins none
-	// of their bytes while the stage waits.
-	defer clear(recs)
-	if err != nil {
-		return res, fmt.Errorf("read bronze after %d: %w", s.eng.offset, err)
+	e := s.eng
+	before := e.c
+	// The batch comes in slices of readSlice records, each processed and
+	// cleared before the next is read: nothing keeps a record past its
+	// processing, so the array the stage keeps between Steps (and the
+	// collector scans, a record holding pointers) is a slice's, not a
+	// batch's (10,000 records, 880 KB, in load mode).
+	// The batch keeps ReadInto's bounds as a whole: MaxRecordsPerBatch,
+	// and buffer.ReadMaxBytes (up to twice over: each slice stops at it
+	// on its own, and the batch after the slice that reaches it).
+	records, bytes, more := 0, 0, false
+	for {
+		want := min(readSlice, s.cfg.MaxRecordsPerBatch-records)
+		recs, err := s.src.ReadInto(s.recs, e.offset+1, want)
+		for i := range recs {
+			bytes += recs[i].HeldBytes()
+			e.process(&recs[i])
+			if e.loadErr != nil {
+				break
+			}
+		}
+		records += len(recs)
+		more = buffer.ReadFull(recs, want)
+		clear(recs)
+		s.recs = recs[:0]
+		if err == nil {
+			err = e.loadErr
+		}
+		if err != nil {
+			if records == 0 && e.loadErr == nil {
+				return res, fmt.Errorf("read bronze after %d: %w", e.offset, err)
+			}
+			// The batch is half done: drop it and go back to the
+			// checkpoint, as after a failed commit; the next Step redoes it.
+			if rerr := s.rollback(); rerr != nil {
+				return res, fmt.Errorf("window batch: %w (and %v)", err, rerr)
+			}
+			return res, fmt.Errorf("window batch: %w", err)
+		}
+		if !more || records >= s.cfg.MaxRecordsPerBatch || bytes >= buffer.ReadMaxBytes {
+			break
+		}
 	}
-	if len(recs) == 0 {
+	if records == 0 {
 		// Records processed since the checkpoint keep their room in Bronze
 		// until it moves; when Bronze is full no new record comes to carry
 		// a checkpoint, so an idle Step writes the one that is due.
-		if s.eng.offset > s.checkpointOffset && s.checkpointDue() {
+		if e.offset > s.checkpointOffset && s.checkpointDue() {
 			if err := s.commit(true); err != nil {
 				return res, err
 			}
 		}
 		s.publish(res, false)
 		return res, nil
-	}
-	e := s.eng
-	before := e.c
-	for i := range recs {
-		e.process(&recs[i])
-		if e.loadErr != nil {
-			break
-		}
-	}
-	if err := e.loadErr; err != nil {
-		// The batch is half done: drop it and go back to the checkpoint,
-		// as after a failed commit; the next Step redoes it.
-		if rerr := s.rollback(); rerr != nil {
-			return res, fmt.Errorf("window batch: %w (and %v)", err, rerr)
-		}
-		return res, fmt.Errorf("window batch: %w", err)
 	}
 	e.replaying = false
 	e.pruneTombstones()
@@ -464,8 +483,8 @@ func (s *Stage) Step() (StepResult, error) {
 	}
 	s.capLogged = capped > 0
 	s.logTombstonesDropped(e.c.TombstonesDropped - before.TombstonesDropped)
-	res.Records = len(recs)
-	res.More = buffer.ReadFull(recs, s.cfg.MaxRecordsPerBatch)
+	res.Records = records
+	res.More = more
 	res.Late = int(e.c.Late - before.Late)
 	res.Duplicates = int(e.c.Duplicates - before.Duplicates)
 	for i := range e.c.Dead {
@@ -496,6 +515,9 @@ func (s *Stage) checkpointDue() bool {
 	}
 	return s.cfg.Clock().Sub(s.checkpointAt) >= s.cfg.CheckpointInterval
 }
+
+// readSlice is how many records a Step reads at a time (see Step).
+const readSlice = 1024
 
 // maxDeltaRows bounds the state delta held between checkpoints. A
 // checkpoint holds its rows and the bbolt pages they touch in memory until

@@ -1338,3 +1338,42 @@ func TestCrashThenLongerLatenessListsAReadingOnce(t *testing.T) {
 		t.Errorf("the stage counts %d late rows, want 0", st.LateRows)
 	}
 }
+
+// A Step reads its batch a slice at a time: the whole batch is processed
+// in the one Step and its one commit, but the array the stage keeps
+// between Steps holds a slice's records, not a batch's.
+func TestStepReadsItsBatchASliceAtATime(t *testing.T) {
+	db, br := openDB(t, "", true), openBronze(t, "")
+	const n = 3*readSlice + 5
+	recs := make([]buffer.Record, 0, n)
+	for i := range n {
+		at := t0.Add(time.Duration(i) * time.Second)
+		recs = append(recs, msg("sensors/d1/telemetry", fmt.Sprintf(`{"id":"%d","ts":%d,"temp":%d}`, i, at.UnixMilli(), i), at))
+	}
+	appendAll(t, br, recs)
+	cfg := testConfig(t)
+	cfg.MaxRecordsPerBatch = 2*readSlice + 3
+	s, err := New(db, br, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Step()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Records != cfg.MaxRecordsPerBatch || !res.More {
+		t.Fatalf("first Step read %d records (more: %v), want the batch bound %d and more to come", res.Records, res.More, cfg.MaxRecordsPerBatch)
+	}
+	if c := cap(s.recs); c > readSlice {
+		t.Errorf("the stage keeps an array of %d records between Steps, want at most a slice's %d", c, readSlice)
+	}
+	if res, err = s.Step(); err != nil {
+		t.Fatal(err)
+	}
+	if want := n - cfg.MaxRecordsPerBatch; res.Records != want || res.More {
+		t.Fatalf("second Step read %d records (more: %v), want the %d left and no more", res.Records, res.More, want)
+	}
+	if got := s.Stats().Records; got != n {
+		t.Fatalf("processed %d records, want %d", got, n)
+	}
+}

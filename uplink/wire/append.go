@@ -94,30 +94,37 @@ func AppendAlert(dst []byte, a *Alert) []byte {
 		pairs++
 	}
 	dst = appendHead(dst, majorMap, pairs)
-	dst = appendText(dst, "rule")
-	dst = appendText(dst, a.Rule)
-	dst = appendText(dst, "device")
-	dst = appendText(dst, a.Device)
-	dst = appendText(dst, "metric")
-	dst = appendText(dst, a.Metric)
-	dst = appendText(dst, "start")
+	dst = appendColdText(dst, "rule")
+	dst = appendColdText(dst, a.Rule)
+	dst = appendColdText(dst, "device")
+	dst = appendColdText(dst, a.Device)
+	dst = appendColdText(dst, "metric")
+	dst = appendColdText(dst, a.Metric)
+	dst = appendColdText(dst, "start")
 	dst = appendInt(dst, a.Start)
-	dst = appendText(dst, "state")
-	dst = appendText(dst, a.State)
+	dst = appendColdText(dst, "state")
+	dst = appendColdText(dst, a.State)
 	if a.Severity != "" {
-		dst = appendText(dst, "severity")
-		dst = appendText(dst, a.Severity)
+		dst = appendColdText(dst, "severity")
+		dst = appendColdText(dst, a.Severity)
 	}
-	dst = appendText(dst, "value")
+	dst = appendColdText(dst, "value")
 	dst = appendFloat(dst, a.Value)
-	dst = appendText(dst, "key")
-	dst = appendText(dst, a.Key)
+	dst = appendColdText(dst, "key")
+	dst = appendColdText(dst, a.Key)
 	if a.Suppressed != 0 {
-		dst = appendText(dst, "suppressed")
+		dst = appendColdText(dst, "suppressed")
 		dst = appendHead(dst, majorUint, uint64(a.Suppressed))
 	}
 	return dst
 }
+
+// appendColdText is appendText out of line, for alerts: rare next to
+// aggregates, and inlined at each of their text items they took 4 KB of
+// arm64 code, whose budget is tight (docs/performance.md, Binary size).
+//
+//go:noinline
+func appendColdText(b []byte, s string) []byte { return appendText(b, s) }
 
 // appendInt appends v as a CBOR integer: major type 0 for v >= 0, major
 // type 1 with argument -1-v below.
