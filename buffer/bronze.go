@@ -428,6 +428,11 @@ func (b *Bronze) ReadInto(dst []Record, from uint64, max int) ([]Record, error) 
 	if ok {
 		return out, err
 	}
+	// Grown once to what the read can return, as the tail's reads are: a
+	// caller reading a slice at a time keeps an array of that slice.
+	if last := b.lastSeq.Load(); last >= from {
+		out = slices.Grow(out, int(min(uint64(max), last-from+1)))
+	}
 	n := 0
 	err = b.scanRecords(from, true, func(r Record) bool {
 		out = append(out, r)
