@@ -420,13 +420,14 @@ func (s *Stage) Step() (StepResult, error) {
 	// processing, so the array the stage keeps between Steps (and the
 	// collector scans, a record holding pointers) is a slice's, not a
 	// batch's (10,000 records, 880 KB, in load mode).
+	//
 	// The batch keeps ReadInto's bounds as a whole: MaxRecordsPerBatch,
 	// and buffer.ReadMaxBytes (up to twice over: each slice stops at it
 	// on its own, and the batch after the slice that reaches it).
 	records, bytes, more := 0, 0, false
 	for {
-		want := min(readSlice, s.cfg.MaxRecordsPerBatch-records)
-		recs, err := s.src.ReadInto(s.recs, e.offset+1, want)
+		want, after := min(readSlice, s.cfg.MaxRecordsPerBatch-records), e.offset
+		recs, err := s.src.ReadInto(s.recs, after+1, want)
 		for i := range recs {
 			bytes += recs[i].HeldBytes()
 			e.process(&recs[i])
@@ -438,12 +439,14 @@ func (s *Stage) Step() (StepResult, error) {
 		more = buffer.ReadFull(recs, want)
 		clear(recs)
 		s.recs = recs[:0]
-		if err == nil {
+		if err != nil {
+			err = fmt.Errorf("read bronze after %d: %w", after, err)
+		} else {
 			err = e.loadErr
 		}
 		if err != nil {
-			if records == 0 && e.loadErr == nil {
-				return res, fmt.Errorf("read bronze after %d: %w", e.offset, err)
+			if records == 0 {
+				return res, err // nothing of the batch was processed
 			}
 			// The batch is half done: drop it and go back to the
 			// checkpoint, as after a failed commit; the next Step redoes it.
