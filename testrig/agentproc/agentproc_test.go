@@ -33,14 +33,24 @@ func TestMain(m *testing.M) {
 	case "writer":
 		fakeWriter()
 	}
+	// The handler first: a test signals the pid as soon as the file names
+	// it, and a SIGTERM before Notify would kill the fake with Go's
+	// default action instead of the shutdown the test looks for (a CI
+	// run on a busy machine did exactly that).
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM)
 	if f := os.Getenv(fakeEnv + "_PIDFILE"); f != "" {
-		if err := os.WriteFile(f, []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+		// Written whole and renamed into place: a test polling the file
+		// must not read part of the pid as another process's.
+		err := os.WriteFile(f+".tmp", []byte(strconv.Itoa(os.Getpid())), 0o600)
+		if err == nil {
+			err = os.Rename(f+".tmp", f)
+		}
+		if err != nil {
 			fmt.Println("fake agent:", err)
 			os.Exit(1)
 		}
 	}
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM)
 	fmt.Println(`level=INFO msg="connected to broker"`)
 	spin := time.Now().Add(200 * time.Millisecond)
 	for time.Now().Before(spin) {
