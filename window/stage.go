@@ -424,12 +424,12 @@ func (s *Stage) Step() (StepResult, error) {
 	// The batch keeps ReadInto's bounds as a whole: MaxRecordsPerBatch,
 	// and buffer.ReadMaxBytes (up to twice over: each slice stops at it
 	// on its own, and the batch after the slice that reaches it).
-	records, bytes, more := 0, 0, false
+	records, held, more := 0, 0, false
 	for {
 		want, after := min(readSlice, s.cfg.MaxRecordsPerBatch-records), e.offset
 		recs, err := s.src.ReadInto(s.recs, after+1, want)
 		for i := range recs {
-			bytes += recs[i].HeldBytes()
+			held += recs[i].HeldBytes()
 			e.process(&recs[i])
 			if e.loadErr != nil {
 				break
@@ -455,7 +455,7 @@ func (s *Stage) Step() (StepResult, error) {
 			}
 			return res, fmt.Errorf("window batch: %w", err)
 		}
-		if !more || records >= s.cfg.MaxRecordsPerBatch || bytes >= buffer.ReadMaxBytes {
+		if !more || records >= s.cfg.MaxRecordsPerBatch || held >= buffer.ReadMaxBytes {
 			break
 		}
 	}
