@@ -3,6 +3,7 @@ package window
 import (
 	"cmp"
 	"slices"
+	"unsafe"
 )
 
 // dedupSet is one device's event-id hashes, grouped by the end of the
@@ -16,7 +17,8 @@ import (
 // and 10 minutes of lateness the dedup sets are one of the largest parts
 // of the stage's heap, and a slice per group cost its header and its
 // growth slack on every group (BenchmarkDedupHeld: 1,424 bytes a device
-// with a slice per group, 936 with 16-byte headers, 872 like this). A lookup scans the ids of the
+// with a slice per group, 936 with 16-byte headers, 872 with an array of
+// ids and one of headers). A lookup scans the ids of the
 // groups that still count, contiguous, which is cheaper than a map for
 // the few dozen ids a device usually holds; a device past dedupIndexMin
 // ids also keeps an index, so a fast device never scans thousands. The
@@ -36,19 +38,119 @@ import (
 // load mode (10,000 devices, 10 minutes of lateness) the ids' heap went
 // from about 17 MB to about 3.
 type dedupSet struct {
-	groups []dedupGroup // hot groups, by end, ascending
-	ids    []uint64     // the hot groups' ids, group after group
-	index  map[uint32]uint32
-	// cold are the groups held only on disk, by end, ascending; coldFP
-	// their ids' fingerprints, group after group; coldBits, once there are
-	// coldBitsMin fingerprints, a bit per fingerprint value (modulo its
-	// length) that most lookups end at.
-	cold     []dedupGroup
-	coldFP   []uint16
-	coldBits []uint64
+	// buf holds the set's six arrays, each a section of whole words, in
+	// the order of the dedupSection constants, with n their lengths. Six
+	// slices made a device 256 bytes, every one of them scanned by the
+	// collector and given headroom by the heap pacer (internal/heapgoal);
+	// with one array it is 160, and the arrays' separate size-class
+	// rounding goes too (BenchmarkDedupHeld: 872 bytes a device with six
+	// slices, 824 like this). A change moves the sections after the one
+	// it changes: a few dozen elements in all for most devices, and ids,
+	// which grow most, come last.
+	//
+	// groups are the hot groups, by end, ascending, and ids their ids,
+	// group after group; cold are the groups held only on disk, by end,
+	// ascending, and coldFP their ids' fingerprints, group after group;
+	// coldBits, once there are coldBitsMin fingerprints, is a bit per
+	// fingerprint value (modulo its length) that most lookups end at;
 	// dropped are the ends of groups removed since the last checkpoint
 	// (their rows are deleted).
-	dropped []int64
+	buf   []uint64
+	n     [nSections]uint32
+	index map[uint32]uint32
+}
+
+// dedupSection names a section of dedupSet.buf.
+type dedupSection int
+
+const (
+	secGroups dedupSection = iota
+	secCold
+	secColdBits
+	secDropped
+	secColdFP
+	secIDs
+	nSections
+)
+
+// sectionSize is the bytes of one element of each section.
+var sectionSize = [nSections]int{
+	secGroups:   int(unsafe.Sizeof(dedupGroup{})),
+	secCold:     int(unsafe.Sizeof(dedupGroup{})),
+	secColdBits: 8,
+	secDropped:  8,
+	secColdFP:   2,
+	secIDs:      8,
+}
+
+// words is the words section sec takes at n elements.
+func words(sec dedupSection, n int) int { return (n*sectionSize[sec] + 7) / 8 }
+
+// section returns the word offset of sec in buf and its length.
+func (s *dedupSet) section(sec dedupSection) (off, n int) {
+	for k := range sec {
+		off += words(k, int(s.n[k]))
+	}
+	return off, int(s.n[sec])
+}
+
+// view returns section sec as a slice of its elements: it aliases buf,
+// valid until the set changes.
+func view[T any](s *dedupSet, sec dedupSection) []T {
+	off, n := s.section(sec)
+	if n == 0 {
+		return nil
+	}
+	return unsafe.Slice((*T)(unsafe.Pointer(&s.buf[off])), n)
+}
+
+func (s *dedupSet) groups() []dedupGroup { return view[dedupGroup](s, secGroups) }
+func (s *dedupSet) cold() []dedupGroup   { return view[dedupGroup](s, secCold) }
+func (s *dedupSet) coldBits() []uint64   { return view[uint64](s, secColdBits) }
+func (s *dedupSet) dropped() []int64     { return view[int64](s, secDropped) }
+func (s *dedupSet) coldFP() []uint16     { return view[uint16](s, secColdFP) }
+func (s *dedupSet) ids() []uint64        { return view[uint64](s, secIDs) }
+
+// splice removes del elements of section sec at i and opens a gap of ins
+// there, holding stale values for the caller to set; the sections after
+// sec move with it. buf grows by a quarter when it must.
+func (s *dedupSet) splice(sec dedupSection, i, del, ins int) {
+	sz := sectionSize[sec]
+	off, n := s.section(sec)
+	n1 := n - del + ins
+	w0, w1 := words(sec, n), words(sec, n1)
+	tail := off + w0 // the next section's start
+	if w1 > w0 {
+		need := len(s.buf) + w1 - w0
+		if need > cap(s.buf) {
+			grown := make([]uint64, len(s.buf), max(4, need+need/4))
+			copy(grown, s.buf)
+			s.buf = grown
+		}
+		s.buf = s.buf[:need]
+		copy(s.buf[off+w1:], s.buf[tail:])
+	}
+	if w := max(w0, w1); w > 0 {
+		b := unsafe.Slice((*byte)(unsafe.Pointer(&s.buf[off])), 8*w)
+		copy(b[(i+ins)*sz:], b[(i+del)*sz:n*sz])
+	}
+	if w1 < w0 {
+		copy(s.buf[off+w1:], s.buf[tail:])
+		s.buf = s.buf[:len(s.buf)-(w0-w1)]
+	}
+	s.n[sec] = uint32(n1)
+}
+
+// shrink moves buf to a smaller array once it fills under a quarter of
+// its capacity, so a set that was once large (a backlog's burst) does not
+// keep that room, and frees it when the set is empty.
+func (s *dedupSet) shrink() {
+	switch {
+	case len(s.buf) == 0:
+		s.buf = nil
+	case cap(s.buf) > 16 && len(s.buf) < cap(s.buf)/4:
+		s.buf = append(make([]uint64, 0, len(s.buf)+len(s.buf)/4), s.buf...)
+	}
 }
 
 // dedupGroup is a group's header: its end and how many ids (hot) or
@@ -84,10 +186,11 @@ func (s *dedupSet) seen(id uint64, finalBefore int64) bool {
 	if s.index != nil && s.index[uint32(id)] == 0 {
 		return false
 	}
-	hi := len(s.ids)
-	for i := len(s.groups) - 1; i >= 0 && s.groups[i].end() > finalBefore; i-- {
-		lo := hi - s.groups[i].count()
-		if slices.Contains(s.ids[lo:hi], id) {
+	groups, ids := s.groups(), s.ids()
+	hi := len(ids)
+	for i := len(groups) - 1; i >= 0 && groups[i].end() > finalBefore; i-- {
+		lo := hi - groups[i].count()
+		if slices.Contains(ids[lo:hi], id) {
 			return true
 		}
 		hi = lo
@@ -100,19 +203,21 @@ func (s *dedupSet) seen(id uint64, finalBefore int64) bool {
 // of id in a group that no longer counts stays there until that group is
 // dropped: no lookup consults it.
 func (s *dedupSet) add(id uint64, end int64) (newlyDirty bool) {
-	i, off := len(s.groups), len(s.ids)
-	for i > 0 && s.groups[i-1].end() > end {
+	groups := s.groups()
+	i, off := len(groups), int(s.n[secIDs])
+	for i > 0 && groups[i-1].end() > end {
 		i--
-		off -= s.groups[i].count()
+		off -= groups[i].count()
 	}
-	if i == 0 || s.groups[i-1].end() != end {
-		s.groups = insertSpare(s.groups, i, newGroup(end, 0))
+	if i == 0 || groups[i-1].end() != end {
+		s.splice(secGroups, i, 0, 1)
+		s.groups()[i] = newGroup(end, 0)
 	} else {
 		i--
 	}
-	s.ids = openGap(s.ids, off, 1)
-	s.ids[off] = id
-	g := &s.groups[i]
+	s.splice(secIDs, off, 0, 1)
+	s.ids()[off] = id
+	g := &s.groups()[i]
 	newlyDirty = !g.isDirty()
 	g.nd = (g.nd + 1) | groupDirty
 	s.remember(id)
@@ -121,8 +226,12 @@ func (s *dedupSet) add(id uint64, end int64) (newlyDirty bool) {
 
 // load adds a stored group (rows come in key order: ascending ends).
 func (s *dedupSet) load(end int64, ids []uint64) {
-	s.groups = insertSpare(s.groups, len(s.groups), newGroup(end, len(ids)))
-	s.ids = insertSpare(s.ids, len(s.ids), ids...)
+	g := int(s.n[secGroups])
+	s.splice(secGroups, g, 0, 1)
+	s.groups()[g] = newGroup(end, len(ids))
+	at := int(s.n[secIDs])
+	s.splice(secIDs, at, 0, len(ids))
+	copy(s.ids()[at:], ids)
 	s.remember(ids...)
 }
 
@@ -136,14 +245,15 @@ func (s *dedupSet) remember(ids ...uint64) {
 		for _, id := range ids {
 			s.index[uint32(id)]++
 		}
-	case len(s.ids) > dedupIndexMin:
+	case s.n[secIDs] > dedupIndexMin:
 		s.buildIndex()
 	}
 }
 
 func (s *dedupSet) buildIndex() {
-	s.index = make(map[uint32]uint32, len(s.ids))
-	for _, id := range s.ids {
+	ids := s.ids()
+	s.index = make(map[uint32]uint32, len(ids))
+	for _, id := range ids {
 		s.index[uint32(id)]++
 	}
 }
@@ -151,10 +261,10 @@ func (s *dedupSet) buildIndex() {
 // hotIDs returns the ids of the hot group of end, in place: a checkpoint
 // sorts and writes them.
 func (s *dedupSet) hotIDs(end int64) ([]uint64, bool) {
-	off := 0
-	for _, g := range s.groups {
+	off, ids := 0, s.ids()
+	for _, g := range s.groups() {
 		if g.end() == end {
-			return s.ids[off : off+g.count()], true
+			return ids[off : off+g.count()], true
 		}
 		off += g.count()
 	}
@@ -164,11 +274,11 @@ func (s *dedupSet) hotIDs(end int64) ([]uint64, bool) {
 // minEnd is the end of the oldest group, hot or cold, or endless.
 func (s *dedupSet) minEnd() int64 {
 	m := int64(endless)
-	if len(s.groups) > 0 {
-		m = s.groups[0].end()
+	if groups := s.groups(); len(groups) > 0 {
+		m = groups[0].end()
 	}
-	if len(s.cold) > 0 {
-		m = min(m, s.cold[0].end())
+	if cold := s.cold(); len(cold) > 0 {
+		m = min(m, cold[0].end())
 	}
 	return m
 }
@@ -176,21 +286,23 @@ func (s *dedupSet) minEnd() int64 {
 // coldCandidates calls check with the end of every cold group that still
 // counts and holds id's fingerprint, newest first, until check returns
 // true; it reports whether one did. check reads the group's ids and says
-// whether id is among them.
+// whether id is among them; it must not change the set.
 func (s *dedupSet) coldCandidates(id uint64, finalBefore int64, check func(end int64) bool) bool {
-	if len(s.cold) == 0 {
+	cold := s.cold()
+	if len(cold) == 0 {
 		return false
 	}
 	fp := fingerprint(id)
-	if s.coldBits != nil {
-		if w, bit := s.coldBit(fp); s.coldBits[w]&bit == 0 {
+	if bits := s.coldBits(); len(bits) > 0 {
+		if w, bit := coldBit(bits, fp); bits[w]&bit == 0 {
 			return false
 		}
 	}
-	hi := len(s.coldFP)
-	for i := len(s.cold) - 1; i >= 0 && s.cold[i].end() > finalBefore; i-- {
-		lo := hi - s.cold[i].count()
-		if slices.Contains(s.coldFP[lo:hi], fp) && check(s.cold[i].end()) {
+	fps := s.coldFP()
+	hi := len(fps)
+	for i := len(cold) - 1; i >= 0 && cold[i].end() > finalBefore; i-- {
+		lo := hi - cold[i].count()
+		if slices.Contains(fps[lo:hi], fp) && check(cold[i].end()) {
 			return true
 		}
 		hi = lo
@@ -200,27 +312,23 @@ func (s *dedupSet) coldCandidates(id uint64, finalBefore int64, check func(end i
 
 // coldAt returns the index of the cold group of end.
 func (s *dedupSet) coldAt(end int64) (int, bool) {
-	return slices.BinarySearchFunc(s.cold, end, func(g dedupGroup, end int64) int { return cmp.Compare(g.end(), end) })
+	return slices.BinarySearchFunc(s.cold(), end, func(g dedupGroup, end int64) int { return cmp.Compare(g.end(), end) })
 }
 
 // warm makes cold group i hot again with its ids read back from disk, so
 // that an id can be added to it.
 func (s *dedupSet) warm(i int, ids []uint64) {
-	end := s.cold[i].end()
+	cold := s.cold()
+	end, n := cold[i].end(), cold[i].count()
 	off := 0
-	for _, g := range s.cold[:i] {
+	for _, g := range cold[:i] {
 		off += g.count()
 	}
-	s.coldFP = slices.Delete(s.coldFP, off, off+s.cold[i].count())
-	s.cold = slices.Delete(s.cold, i, i+1)
+	s.splice(secColdFP, off, n, 0)
+	s.splice(secCold, i, 1, 0)
 	s.rebuildColdBits()
-	j, hot := len(s.groups), len(s.ids)
-	for j > 0 && s.groups[j-1].end() > end {
-		j--
-		hot -= s.groups[j].count()
-	}
-	s.groups = insertSpare(s.groups, j, newGroup(end, len(ids)))
-	s.ids = insertSpare(s.ids, hot, ids...)
+	hot := s.openGroup(secGroups, secIDs, end, len(ids))
+	copy(s.ids()[hot:], ids)
 	s.remember(ids...)
 }
 
@@ -229,79 +337,95 @@ func (s *dedupSet) warm(i int, ids []uint64) {
 // it is; through is the device's watermark, so every window of their
 // readings was emitted and new in-order readings never land in them.
 func (s *dedupSet) evict(through int64) {
-	k, ids := 0, 0
-	for k < len(s.groups) && s.groups[k].end() <= through && !s.groups[k].isDirty() {
-		n := s.groups[k].count()
-		s.addCold(s.groups[k].end(), s.ids[ids:ids+n])
-		ids += n
-		k++
+	k, lo := 0, 0
+	for ; k < int(s.n[secGroups]); k++ {
+		g := s.groups()[k]
+		if g.end() > through || g.isDirty() {
+			break
+		}
+		off := s.openGroup(secCold, secColdFP, g.end(), g.count())
+		fps, ids := s.coldFP(), s.ids() // after openGroup moved the ids
+		for j := range g.count() {
+			fps[off+j] = fingerprint(ids[lo+j])
+		}
+		lo += g.count()
 	}
 	if k > 0 {
-		s.dropHot(k, ids)
+		s.dropHot(k, lo)
 		s.rebuildColdBits()
+		s.shrink()
 	}
 }
 
 // loadCold adds a stored group as cold (rows come in key order).
 func (s *dedupSet) loadCold(end int64, ids []uint64) {
 	s.addCold(end, ids)
-	if len(s.coldFP) < coldBitsMin {
+	nfp := int(s.n[secColdFP])
+	if nfp < coldBitsMin {
 		return
 	}
-	if len(s.coldBits) == 0 || 64*len(s.coldBits) < 8*len(s.coldFP) && len(s.coldBits) < 1024 {
+	if bits := s.coldBits(); len(bits) == 0 || 64*len(bits) < 8*nfp && len(bits) < 1024 {
 		s.rebuildColdBits() // doubles its size: linear over a whole load
 		return
 	}
+	bits := s.coldBits()
 	for _, id := range ids {
-		w, bit := s.coldBit(fingerprint(id))
-		s.coldBits[w] |= bit
+		w, bit := coldBit(bits, fingerprint(id))
+		bits[w] |= bit
 	}
 }
 
-// addCold adds a group to the cold ones, in end order: usually after them
-// all, but a group warmed for late data goes back among them.
+// addCold adds a group to the cold ones (see openGroup).
 func (s *dedupSet) addCold(end int64, ids []uint64) {
-	i, off := len(s.cold), len(s.coldFP)
-	for i > 0 && s.cold[i-1].end() > end {
-		i--
-		off -= s.cold[i].count()
-	}
-	s.cold = insertSpare(s.cold, i, newGroup(end, len(ids)))
-	s.coldFP = openGap(s.coldFP, off, len(ids))
+	off := s.openGroup(secCold, secColdFP, end, len(ids))
+	fps := s.coldFP()
 	for j, id := range ids {
-		s.coldFP[off+j] = fingerprint(id)
+		fps[off+j] = fingerprint(id)
 	}
+}
+
+// openGroup inserts the header of a group of n elements in section hdr
+// (groups or cold), in end order (usually after them all, but a group
+// warmed for late data goes back among them), and opens room for them in
+// section data (ids or coldFP); it returns their offset there.
+func (s *dedupSet) openGroup(hdr, data dedupSection, end int64, n int) int {
+	headers := view[dedupGroup](s, hdr)
+	i, off := len(headers), int(s.n[data])
+	for i > 0 && headers[i-1].end() > end {
+		i--
+		off -= headers[i].count()
+	}
+	s.splice(hdr, i, 0, 1)
+	view[dedupGroup](s, hdr)[i] = newGroup(end, n)
+	s.splice(data, off, 0, n)
+	return off
 }
 
 // rebuildColdBits sizes coldBits to about eight bits a fingerprint and
 // sets the bit of each, or drops it below coldBitsMin fingerprints.
 func (s *dedupSet) rebuildColdBits() {
-	if len(s.coldFP) == 0 {
-		s.cold, s.coldFP, s.coldBits = nil, nil, nil
+	nfp := int(s.n[secColdFP])
+	words := 0
+	if nfp >= coldBitsMin {
+		words = 1
+		for words*64 < 8*nfp && words < 1024 {
+			words *= 2
+		}
+	}
+	s.splice(secColdBits, 0, int(s.n[secColdBits]), words)
+	if words == 0 {
 		return
 	}
-	if len(s.coldFP) < coldBitsMin {
-		s.coldBits = nil
-		return
-	}
-	words := 1
-	for words*64 < 8*len(s.coldFP) && words < 1024 {
-		words *= 2
-	}
-	if cap(s.coldBits) >= words && cap(s.coldBits) <= 2*words {
-		s.coldBits = s.coldBits[:words]
-		clear(s.coldBits)
-	} else {
-		s.coldBits = make([]uint64, words)
-	}
-	for _, fp := range s.coldFP {
-		w, bit := s.coldBit(fp)
-		s.coldBits[w] |= bit
+	bits := s.coldBits()
+	clear(bits)
+	for _, fp := range s.coldFP() {
+		w, bit := coldBit(bits, fp)
+		bits[w] |= bit
 	}
 }
 
-func (s *dedupSet) coldBit(fp uint16) (int, uint64) {
-	b := int(fp) & (64*len(s.coldBits) - 1)
+func coldBit(bits []uint64, fp uint16) (int, uint64) {
+	b := int(fp) & (64*len(bits) - 1)
 	return b >> 6, 1 << (b & 63)
 }
 
@@ -312,25 +436,34 @@ func fingerprint(id uint64) uint16 { return uint16(id) }
 // and returns how many groups and ids went.
 func (s *dedupSet) prune(finalBefore int64) (groups, ids int) {
 	c, cids := 0, 0
-	for c < len(s.cold) && s.cold[c].end() <= finalBefore {
-		s.dropped = append(s.dropped, s.cold[c].end())
-		cids += s.cold[c].count()
-		c++
-	}
-	if c > 0 {
-		s.cold = shrunk(slices.Delete(s.cold, 0, c))
-		s.coldFP = shrunk(slices.Delete(s.coldFP, 0, cids))
-		s.rebuildColdBits()
+	for cold := s.cold(); c < len(cold) && cold[c].end() <= finalBefore; c++ {
+		cids += cold[c].count()
 	}
 	k, gone := 0, 0
-	for k < len(s.groups) && s.groups[k].end() <= finalBefore {
-		s.dropped = append(s.dropped, s.groups[k].end())
-		gone += s.groups[k].count()
-		k++
+	for hot := s.groups(); k < len(hot) && hot[k].end() <= finalBefore; k++ {
+		gone += hot[k].count()
+	}
+	if c+k == 0 {
+		return 0, 0
+	}
+	at := int(s.n[secDropped])
+	s.splice(secDropped, at, 0, c+k)
+	dropped := s.dropped()[at:]
+	for j, g := range s.cold()[:c] {
+		dropped[j] = g.end()
+	}
+	for j, g := range s.groups()[:k] {
+		dropped[c+j] = g.end()
+	}
+	if c > 0 {
+		s.splice(secCold, 0, c, 0)
+		s.splice(secColdFP, 0, cids, 0)
+		s.rebuildColdBits()
 	}
 	if k > 0 {
 		s.dropHot(k, gone)
 	}
+	s.shrink()
 	return c + k, cids + gone
 }
 
@@ -338,25 +471,26 @@ func (s *dedupSet) prune(finalBefore int64) (groups, ids int) {
 // set (prune deletes them, evict keeps them cold).
 func (s *dedupSet) dropHot(k, ids int) {
 	if s.index != nil {
-		for _, id := range s.ids[:ids] {
+		for _, id := range s.ids()[:ids] {
 			if s.index[uint32(id)]--; s.index[uint32(id)] == 0 {
 				delete(s.index, uint32(id))
 			}
 		}
 	}
-	s.groups = shrunk(slices.Delete(s.groups, 0, k))
-	s.ids = shrunk(slices.Delete(s.ids, 0, ids))
-	if s.index != nil && len(s.ids) <= dedupIndexMin/2 {
+	s.splice(secGroups, 0, k, 0)
+	s.splice(secIDs, 0, ids, 0)
+	if s.index != nil && s.n[secIDs] <= dedupIndexMin/2 {
 		s.index = nil
 	}
 }
 
 // written clears the checkpoint marks after a checkpoint wrote the set.
 func (s *dedupSet) written() {
-	for i := range s.groups {
-		s.groups[i].nd &^= groupDirty
+	groups := s.groups()
+	for i := range groups {
+		groups[i].nd &^= groupDirty
 	}
-	s.dropped = s.dropped[:0]
+	s.splice(secDropped, 0, int(s.n[secDropped]), 0)
 }
 
 // insertSpare is slices.Insert growing by a quarter instead of append's
@@ -378,18 +512,5 @@ func openGap[T any](s []T, i, n int) []T {
 	}
 	s = s[:len(s)+n]
 	copy(s[i+n:], s[i:])
-	return s
-}
-
-// shrunk returns s in a smaller array once it fills under a quarter of
-// its capacity, so a set that was once large (a backlog's burst) does not
-// keep that room.
-func shrunk[T any](s []T) []T {
-	if cap(s) > 16 && len(s) < cap(s)/4 {
-		if len(s) == 0 {
-			return nil
-		}
-		return append(make([]T, 0, len(s)+len(s)/4), s...)
-	}
 	return s
 }

@@ -73,10 +73,10 @@ func TestDedupSetMatchesAMap(t *testing.T) {
 				// groups and delete the dropped ones, make the groups up to
 				// a watermark cold; half the time followed by a restart,
 				// which loads the set from its rows.
-				for _, end := range s.dropped {
+				for _, end := range s.dropped() {
 					delete(disk, end)
 				}
-				for _, g := range s.groups {
+				for _, g := range s.groups() {
 					if g.isDirty() {
 						ids, _ := s.hotIDs(g.end())
 						disk[g.end()] = slices.Clone(ids)
@@ -100,29 +100,36 @@ func TestDedupSetMatchesAMap(t *testing.T) {
 			indexed = indexed || s.index != nil
 			if s.index != nil {
 				counts := map[uint32]uint32{}
-				for _, id := range s.ids {
+				for _, id := range s.ids() {
 					counts[uint32(id)]++
 				}
 				if !maps.Equal(counts, s.index) {
 					t.Fatalf("seed %d step %d: the index counts %d keys, the hot ids make %d", seed, step, len(s.index), len(counts))
 				}
 			}
-			wentCold = wentCold || len(s.cold) > 0
-			coldScanned = coldScanned || len(s.cold) > 0 && s.coldBits == nil
-			coldBitsUsed = coldBitsUsed || s.coldBits != nil
+			wentCold = wentCold || len(s.cold()) > 0
+			coldScanned = coldScanned || len(s.cold()) > 0 && s.coldBits() == nil
+			coldBitsUsed = coldBitsUsed || s.coldBits() != nil
 			live := 0
-			for _, g := range s.groups {
+			for _, g := range s.groups() {
 				live += g.count()
 			}
-			if live != len(s.ids) {
-				t.Fatalf("seed %d step %d: %d ids, hot groups count %d", seed, step, len(s.ids), live)
+			if live != len(s.ids()) {
+				t.Fatalf("seed %d step %d: %d ids, hot groups count %d", seed, step, len(s.ids()), live)
+			}
+			words := 0
+			for sec := range nSections {
+				words += (int(s.n[sec])*sectionSize[sec] + 7) / 8
+			}
+			if words != len(s.buf) {
+				t.Fatalf("seed %d step %d: the sections take %d words of a buffer of %d", seed, step, words, len(s.buf))
 			}
 			cold := 0
-			for _, g := range s.cold {
+			for _, g := range s.cold() {
 				cold += g.count()
 			}
-			if cold != len(s.coldFP) {
-				t.Fatalf("seed %d step %d: cold groups count %d ids, %d fingerprints", seed, step, cold, len(s.coldFP))
+			if cold != len(s.coldFP()) {
+				t.Fatalf("seed %d step %d: cold groups count %d ids, %d fingerprints", seed, step, cold, len(s.coldFP()))
 			}
 		}
 		if idSpace > dedupIndexMin*2 && !indexed {
@@ -144,16 +151,16 @@ func TestDedupSetDropsWholeGroupsInOrder(t *testing.T) {
 			t.Errorf("add under a new end %d did not report a newly dirty group", end)
 		}
 	}
-	if s.minEnd() != 10 || len(s.groups) != 3 {
-		t.Fatalf("groups %+v, want ends 10, 20, 30", s.groups)
+	if s.minEnd() != 10 || len(s.groups()) != 3 {
+		t.Fatalf("groups %+v, want ends 10, 20, 30", s.groups())
 	}
 	s.written()
 	groups, ids := s.prune(20)
-	if groups != 2 || ids != 3 || len(s.ids) != 1 || s.minEnd() != 30 {
-		t.Fatalf("prune(20) dropped %d groups, %d ids; left %d ids, minEnd=%d", groups, ids, len(s.ids), s.minEnd())
+	if groups != 2 || ids != 3 || len(s.ids()) != 1 || s.minEnd() != 30 {
+		t.Fatalf("prune(20) dropped %d groups, %d ids; left %d ids, minEnd=%d", groups, ids, len(s.ids()), s.minEnd())
 	}
-	if len(s.dropped) != 2 || s.dropped[0] != 10 || s.dropped[1] != 20 {
-		t.Errorf("dropped ends %v, want [10 20] for the checkpoint to delete", s.dropped)
+	if len(s.dropped()) != 2 || s.dropped()[0] != 10 || s.dropped()[1] != 20 {
+		t.Errorf("dropped ends %v, want [10 20] for the checkpoint to delete", s.dropped())
 	}
 	if s.seen(10, 20) || !s.seen(30, 20) {
 		t.Error("after prune(20): id 10 still seen or id 30 lost")
@@ -292,7 +299,7 @@ func BenchmarkDedupHeldFast(b *testing.B) {
 		})) / (devices * perGroup * groups)
 		for d := range sets {
 			if sets[d].index == nil {
-				b.Fatalf("device %d: %d ids and no index", d, len(sets[d].ids))
+				b.Fatalf("device %d: %d ids and no index", d, len(sets[d].ids()))
 			}
 		}
 	}

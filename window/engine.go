@@ -116,7 +116,7 @@ type device struct {
 	nextPrune  int64   // min end of emitted windows without pending changes
 	prev, next *device // in engine.active, or engine.idleList when idle
 	// The small fields last and together: a device is one of the largest
-	// populations in memory (10,000 in load mode), and this keeps it at 256
+	// populations in memory (10,000 in load mode), and this keeps it at 160
 	// bytes, a size class of its own.
 	shard  uint16 // of its state group rows: shardOf(name)
 	hasMax bool

@@ -54,7 +54,7 @@ type evictRun struct {
 func coldIDs(e *engine) int {
 	n := 0
 	for _, d := range e.devices {
-		n += len(d.dedup.coldFP)
+		n += len(d.dedup.coldFP())
 	}
 	return n
 }

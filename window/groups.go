@@ -333,13 +333,13 @@ func windowChanges(changes []rowChange, e *engine) []rowChange {
 func dedupChanges(changes []rowChange, e *engine) []rowChange {
 	changes = slices.Grow(changes, e.dedupRows)
 	for _, d := range e.dedupDirty {
-		for _, end := range d.dedup.dropped {
+		for _, end := range d.dedup.dropped() {
 			changes = append(changes, rowChange{at: end, shard: d.shard, kind: delDedup, ref: d})
 		}
-		off := 0
-		for _, g := range d.dedup.groups {
+		off, ids := 0, d.dedup.ids()
+		for _, g := range d.dedup.groups() {
 			if g.isDirty() {
-				slices.Sort(d.dedup.ids[off : off+g.count()]) // in place: a group is a set
+				slices.Sort(ids[off : off+g.count()]) // in place: a group is a set
 				changes = append(changes, rowChange{at: g.end(), shard: d.shard, kind: putDedup, ref: d})
 			}
 			off += g.count()

@@ -87,45 +87,45 @@ func checkStateInvariants(t *testing.T, s *Stage, checkpointed bool) {
 				nPark++
 			})
 		}
-		nDedup += len(d.dedup.ids) + len(d.dedup.coldFP)
+		nDedup += len(d.dedup.ids()) + len(d.dedup.coldFP())
 		// dedup set consistency
 		hot := 0
-		for i, g := range d.dedup.groups {
+		for i, g := range d.dedup.groups() {
 			hot += g.count()
-			if i > 0 && d.dedup.groups[i-1].end() >= g.end() {
+			if i > 0 && d.dedup.groups()[i-1].end() >= g.end() {
 				t.Fatalf("%s: hot groups out of order", d.name)
 			}
 		}
-		if hot != len(d.dedup.ids) {
-			t.Fatalf("%s: hot ids %d, groups count %d", d.name, len(d.dedup.ids), hot)
+		if hot != len(d.dedup.ids()) {
+			t.Fatalf("%s: hot ids %d, groups count %d", d.name, len(d.dedup.ids()), hot)
 		}
 		cold := 0
-		for i, g := range d.dedup.cold {
+		for i, g := range d.dedup.cold() {
 			cold += g.count()
-			if i > 0 && d.dedup.cold[i-1].end() >= g.end() {
+			if i > 0 && d.dedup.cold()[i-1].end() >= g.end() {
 				t.Fatalf("%s: cold groups out of order", d.name)
 			}
 			if _, ok := d.dedup.hotIDs(g.end()); ok {
 				t.Fatalf("%s: group %d both hot and cold", d.name, g.end())
 			}
 		}
-		if cold != len(d.dedup.coldFP) {
-			t.Fatalf("%s: cold fps %d, groups count %d", d.name, len(d.dedup.coldFP), cold)
+		if cold != len(d.dedup.coldFP()) {
+			t.Fatalf("%s: cold fps %d, groups count %d", d.name, len(d.dedup.coldFP()), cold)
 		}
-		if len(d.dedup.coldFP) >= coldBitsMin && d.dedup.coldBits == nil {
-			t.Fatalf("%s: %d cold fingerprints without coldBits", d.name, len(d.dedup.coldFP))
+		if len(d.dedup.coldFP()) >= coldBitsMin && d.dedup.coldBits() == nil {
+			t.Fatalf("%s: %d cold fingerprints without coldBits", d.name, len(d.dedup.coldFP()))
 		}
 		if d.dedup.index != nil {
 			// It counts the hot ids by their low 32 bits, no more.
 			counts := map[uint32]uint32{}
-			for _, id := range d.dedup.ids {
+			for _, id := range d.dedup.ids() {
 				counts[uint32(id)]++
 			}
 			if !maps.Equal(counts, d.dedup.index) {
 				t.Fatalf("%s: the index counts %d keys, the hot ids make %d", d.name, len(d.dedup.index), len(counts))
 			}
-		} else if len(d.dedup.ids) > dedupIndexMin {
-			t.Fatalf("%s: %d hot ids and no index", d.name, len(d.dedup.ids))
+		} else if len(d.dedup.ids()) > dedupIndexMin {
+			t.Fatalf("%s: %d hot ids and no index", d.name, len(d.dedup.ids()))
 		}
 	}
 	if nW+nEv != e.nWindows || nEv != e.nEvicted || nPark != e.nParked {
@@ -192,7 +192,7 @@ func checkStateInvariants(t *testing.T, s *Stage, checkpointed bool) {
 	}
 	memDedup := map[string]bool{}
 	for _, d := range e.devices {
-		for _, g := range d.dedup.groups {
+		for _, g := range d.dedup.groups() {
 			k := fmt.Sprintf("%s|%d", d.name, g.end())
 			memDedup[k] = true
 			ids, _ := d.dedup.hotIDs(g.end())
@@ -204,7 +204,7 @@ func checkStateInvariants(t *testing.T, s *Stage, checkpointed bool) {
 				t.Fatalf("dedup group %s: stored %d ids, memory %d", k, len(got), len(want))
 			}
 		}
-		for _, g := range d.dedup.cold {
+		for _, g := range d.dedup.cold() {
 			k := fmt.Sprintf("%s|%d", d.name, g.end())
 			memDedup[k] = true
 			if len(storedDedup[k]) != g.count() {
