@@ -296,7 +296,7 @@ type engine struct {
 	x                                         *extractor
 	rd                                        reading
 
-	devices map[string]*device
+	devices devTable
 	// sers holds every series by its id (windows name theirs by id), and
 	// freeSers the ids of series dropped since (an expired device's, or
 	// a pruned empty one).
@@ -412,7 +412,6 @@ func newEngine(cfg *Config) *engine {
 		futNs:       int64(cfg.MaxFutureSkew),
 		pasNs:       int64(cfg.MaxPastSkew),
 		x:           newExtractor(cfg),
-		devices:     map[string]*device{},
 		metricNames: map[string]string{},
 		seriesIdx:   map[*device]map[string]*series{},
 		tombstones:  map[string]int64{},
@@ -584,8 +583,8 @@ func (e *engine) message(r *buffer.Record) {
 		e.dead(r, devName, b.code, b.msg)
 		return
 	}
-	dev := e.devices[devName]
-	if dev == nil && len(e.devices) >= e.cfg.MaxDevices {
+	dev := e.devices.get(devName)
+	if dev == nil && e.devices.len() >= e.cfg.MaxDevices {
 		e.dead(r, devName, CodeTooManyDevices, "window.max_devices reached, device not tracked")
 		return
 	}
@@ -651,7 +650,7 @@ func (e *engine) newDevice(name string) *device {
 		delete(e.tombstones, name)
 		e.tombDel = append(e.tombDel, name)
 	}
-	e.devices[name] = d
+	e.devices.put(d)
 	e.active.push(d)
 	e.markDev(d)
 	return d
@@ -1221,7 +1220,7 @@ func (e *engine) expire(d *device) {
 	e.pruneDedup(d, endless)
 	e.listOf(d).remove(d)
 	d.dead = true
-	delete(e.devices, d.name)
+	e.devices.remove(d.name)
 	delete(e.seriesIdx, d)
 	e.delDevs = append(e.delDevs, d.name)
 	if horizon != noTime {
@@ -1399,5 +1398,5 @@ func (e *engine) deltaSize() int {
 
 // stateBytes estimates the in-memory state size.
 func (e *engine) stateBytes() int64 {
-	return int64(e.nWindows-e.nEvicted)*200 + int64(e.nEvicted)*8 + int64(e.nParked)*70 + int64(e.nDedup)*12 + int64(len(e.devices))*400 + int64(len(e.tombstones))*64
+	return int64(e.nWindows-e.nEvicted)*200 + int64(e.nEvicted)*8 + int64(e.nParked)*70 + int64(e.nDedup)*12 + int64(e.devices.len())*400 + int64(len(e.tombstones))*64
 }

@@ -53,7 +53,7 @@ type evictRun struct {
 // coldIDs counts the dedup ids held only on disk.
 func coldIDs(e *engine) int {
 	n := 0
-	for _, d := range e.devices {
+	for _, d := range e.devices.all() {
 		n += len(d.dedup.coldFP())
 	}
 	return n

@@ -311,7 +311,7 @@ func TestResetStateDropsTheOldLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := len(windowRows(t, db)); n != 0 || len(s.eng.devices) != 0 {
-		t.Fatalf("after reset-state: %d stored windows, %d devices in memory; want none", n, len(s.eng.devices))
+	if n := len(windowRows(t, db)); n != 0 || s.eng.devices.len() != 0 {
+		t.Fatalf("after reset-state: %d stored windows, %d devices in memory; want none", n, s.eng.devices.len())
 	}
 }

@@ -49,9 +49,9 @@ func checkStateInvariants(t *testing.T, s *Stage, checkpointed bool) {
 	}
 	nW, nEv, nPark, nDedup, nSer := 0, 0, 0, 0, 0
 	mem := map[string]bool{}
-	for name, d := range e.devices {
-		if d.name != name || d.dead {
-			t.Fatalf("device %q: name %q dead %v", name, d.name, d.dead)
+	for _, d := range e.devices.all() {
+		if e.devices.get(d.name) != d || d.dead {
+			t.Fatalf("device %q: found %p for %p, dead %v", d.name, e.devices.get(d.name), d, d.dead)
 		}
 		for _, ser := range d.series {
 			if ser.dev != d {
@@ -191,7 +191,7 @@ func checkStateInvariants(t *testing.T, s *Stage, checkpointed bool) {
 		t.Fatalf("after a checkpoint: window rows not in state %v, windows in state without a row %v", firstFive(extra), firstFive(missing))
 	}
 	memDedup := map[string]bool{}
-	for _, d := range e.devices {
+	for _, d := range e.devices.all() {
 		for _, g := range d.dedup.groups() {
 			k := fmt.Sprintf("%s|%d", d.name, g.end())
 			memDedup[k] = true

@@ -386,8 +386,8 @@ func TestMaxMetricsPerDevice(t *testing.T) {
 	// before it exists: nothing of it is in the state to differ after a
 	// restart (a review).
 	p.feed(msg("sensors/d2/telemetry", fmt.Sprintf(`{"id":"x","ts":%d,"a":1,"b":2,"c":3,"d":4}`, at(402).UnixMilli()), at(402)))
-	if _, ok := p.s.eng.devices["d2"]; ok || len(readDead(t, p.db)) != 2 {
-		t.Fatalf("d2 tracked (%v) or not dead-lettered: %+v", ok, readDead(t, p.db))
+	if p.s.eng.devices.get("d2") != nil || len(readDead(t, p.db)) != 2 {
+		t.Fatalf("d2 tracked (%v) or not dead-lettered: %+v", p.s.eng.devices.get("d2") != nil, readDead(t, p.db))
 	}
 	// A bound lowered below what a device holds refuses new metrics only:
 	// the ones it has go on (a review: every reading was refused).

@@ -832,7 +832,7 @@ func (s *Stage) publish(res StepResult, batch bool) {
 	st.Emitted, st.Revisions = e.c.Emitted, e.c.Revisions
 	// Parked windows wait in memory, encoded, for the next checkpoint.
 	st.OpenWindows, st.EvictedWindows, st.PendingRevisions = e.nWindows, e.nEvicted-e.nParked, len(e.pending)
-	st.DedupEntries, st.Devices, st.Tombstones = e.nDedup, len(e.devices), len(e.tombstones)
+	st.DedupEntries, st.Devices, st.Tombstones = e.nDedup, e.devices.len(), len(e.tombstones)
 	st.TombstonesDropped, st.TombstoneFloor = e.c.TombstonesDropped, time.Time{}
 	if e.tombFloor != noTime {
 		st.TombstoneFloor = time.UnixMilli(e.tombFloor).UTC()

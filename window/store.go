@@ -378,7 +378,7 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 			if err := decodeDevice(en.payload, d); err != nil {
 				return fmt.Errorf("device %q: %w", en.dev, err)
 			}
-			e.devices[d.name] = d
+			e.devices.put(d)
 			devs = append(devs, d)
 			return nil
 		})
@@ -387,7 +387,7 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 		return nil, err
 	}
 	err = eachTimedEntry(tx.Bucket(bucketWindowGroups), e.gen, &sweep[sweepWindows], func(start int64, en groupEntry) error {
-		d := e.devices[string(en.dev)]
+		d := e.devices.get(string(en.dev))
 		if d == nil {
 			return fmt.Errorf("%w: window of unknown device %q", ErrCorruptState, en.dev)
 		}
@@ -418,7 +418,7 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 		return nil, err
 	}
 	err = eachTimedEntry(tx.Bucket(bucketDedupGroups), e.gen, &sweep[sweepDedup], func(le int64, en groupEntry) error {
-		d := e.devices[string(en.dev)]
+		d := e.devices.get(string(en.dev))
 		if d == nil {
 			return fmt.Errorf("%w: dedup group of unknown device %q", ErrCorruptState, en.dev)
 		}
