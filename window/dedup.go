@@ -86,7 +86,10 @@ var sectionSize = [nSections]int{
 // words is the words section sec takes at n elements.
 func words(sec dedupSection, n int) int { return (n*sectionSize[sec] + 7) / 8 }
 
-// section returns the word offset of sec in buf and its length.
+// section returns the word offset of sec in buf and its length. Not
+// inlined: each view would carry its loop (the arm64 code budget).
+//
+//go:noinline
 func (s *dedupSet) section(sec dedupSection) (off, n int) {
 	for k := range sec {
 		off += words(k, int(s.n[k]))
