@@ -1,8 +1,10 @@
 package exepages
 
 import (
+	"encoding/binary"
 	"errors"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,6 +24,7 @@ var (
 type Pages struct {
 	ranges []uintptr // start, length, 1 for code or 0 for data, file offset, start, …
 	err    error     // Find's, for the first Drop to return
+	flags  []byte    // the code's pagemap entries, read before each drop
 }
 
 // Find reads the executable's mappings from /proc/self/smaps. They do not
@@ -36,23 +39,27 @@ func Find() *Pages {
 	return p
 }
 
-// Drop takes the read-only data's pages out of the resident set and, with
-// start, the code's: only right after Find, since a breakpoint written
-// later would be lost (the data is never written). What the agent runs
-// faults back at once, from the page cache.
+// Drop takes the executable's code and read-only data out of the
+// resident set; what the agent runs faults back at once. Code with a page
+// of its own is left alone: a debugger's breakpoint or a uprobe is a
+// private copy of a page of code, and dropping it would bring the file's
+// bytes back, silently removing the probe. Before each drop of code, Drop
+// reads the code's pages' flags in /proc/self/pagemap and skips a mapping
+// that holds such a page (a probe placed between that read and the drop,
+// a few microseconds, would still be lost).
 //
-// With start, Drop also evicts the data's pages from the page cache and
-// turns off the kernel's read-around for them (MADV_RANDOM): a fault maps
-// the 64 KiB around its page that the page cache holds, so with the whole
-// file cached each function table the collector reads as it scans stacks
-// brought its neighbours in too (4.1-4.8 MiB of the 5.3 resident under
-// load, 1.8-2.7 evicted, measured). Evicted, a page the agent uses is read
-// from storage once, alone, and only the pages in use come back. Code
-// keeps its read-around: evicting it mapped no less.
+// With start, Drop also evicts the pages from the page cache and turns
+// off the kernel's read-around for the mappings (MADV_RANDOM): a fault
+// maps the 64 KiB around its page that the page cache holds, so with the
+// whole file cached each function table the collector reads as it scans
+// stacks brought its neighbours in too (4.1-4.8 MiB of the 5.3 resident
+// under load, 1.8-2.7 evicted, measured), and each function the agent
+// runs brought the code around it. Evicted, a page the agent uses is read
+// from storage once, alone, and only the pages in use come back.
 func (p *Pages) Drop(start bool) (err error) {
 	err, p.err = p.err, nil
 	var exe *os.File
-	var evict error // why the data stays in the page cache, if it does: the drops go on
+	var evict error // why the pages stay in the page cache, if they do: the drops go on
 	if start {
 		if exe, evict = os.Open("/proc/self/exe"); evict == nil {
 			defer exe.Close()
@@ -62,18 +69,19 @@ func (p *Pages) Drop(start bool) (err error) {
 		}
 	}
 	for i := 0; i < len(p.ranges); i += 4 {
-		at, n, data := p.ranges[i], p.ranges[i+1], p.ranges[i+2] == 0
-		if data && start {
+		at, n, code := p.ranges[i], p.ranges[i+1], p.ranges[i+2] == 1
+		if code && !start && p.private(at, n) {
+			continue
+		}
+		if start {
 			if _, _, errno := syscall.Syscall(syscall.SYS_MADVISE, at, n, syscall.MADV_RANDOM); errno != 0 {
 				return errDrop
 			}
 		}
-		if data || start {
-			if _, _, errno := syscall.Syscall(syscall.SYS_MADVISE, at, n, syscall.MADV_DONTNEED); errno != 0 {
-				return errDrop
-			}
+		if _, _, errno := syscall.Syscall(syscall.SYS_MADVISE, at, n, syscall.MADV_DONTNEED); errno != 0 {
+			return errDrop
 		}
-		if data && start && evict == nil {
+		if start && evict == nil {
 			// x/sys/unix: each architecture's system call takes its own
 			// argument order (32-bit ARM's arm_fadvise64_64).
 			if unix.Fadvise(int(exe.Fd()), int64(p.ranges[i+3]), int64(n), unix.FADV_DONTNEED) != nil {
@@ -85,6 +93,28 @@ func (p *Pages) Drop(start bool) (err error) {
 		err = evict
 	}
 	return err
+}
+
+// private reports whether the mapping at, n holds a page of its own,
+// resident or swapped (pagemap bits 63 and 62), that is not the file's
+// (bit 61), or whether its flags cannot be read (then nothing is known).
+func (p *Pages) private(at, n uintptr) bool {
+	f, err := os.Open("/proc/self/pagemap")
+	if err != nil {
+		return true
+	}
+	defer f.Close()
+	page := uintptr(os.Getpagesize())
+	p.flags = slices.Grow(p.flags[:0], int(n/page)*8)[:n/page*8]
+	if _, err := f.ReadAt(p.flags, int64(at/page*8)); err != nil {
+		return true
+	}
+	for i := 0; i < len(p.flags); i += 8 {
+		if e := binary.NativeEndian.Uint64(p.flags[i:]); e&(3<<62) != 0 && e&(1<<61) == 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // find reads the executable's mappings from smaps (/proc/self/smaps but

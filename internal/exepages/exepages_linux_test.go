@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -96,17 +97,104 @@ func TestDropReleasesTheExecutablesPages(t *testing.T) {
 	if codes == 0 {
 		t.Fatalf("found no code mapping: %#x", p.ranges)
 	}
+	code := codePages(t, p)
+	before := code()
 	if err := p.Drop(false); err != nil {
 		t.Fatal(err)
 	}
+	// What runs between the drop and the count faults back with the code
+	// around it: far less than the test binary's code.
+	after := code()
 	if n := count(); n != 0 {
 		t.Errorf("%d of %d pages of unread data still mapped after Drop, want 0", n, pages)
+	}
+	if after > before/2 {
+		t.Errorf("%d of the %d pages of code mapped before Drop are still mapped after it, want at most half", after, before)
+	}
+}
+
+// codePages returns a count of p's code pages in the page table (bit 63
+// of their pagemap entries), read at once: what a count runs faults its
+// code back in, with the 64 KiB around each page.
+func codePages(t *testing.T, p *Pages) func() int {
+	t.Helper()
+	pagemap, err := os.Open("/proc/self/pagemap")
+	if err != nil {
+		t.Skipf("no pagemap: %v", err)
+	}
+	t.Cleanup(func() { pagemap.Close() })
+	page := uintptr(os.Getpagesize())
+	var entries []byte
+	return func() (n int) {
+		for i := 0; i < len(p.ranges); i += 4 {
+			if p.ranges[i+2] == 1 {
+				entries = slices.Grow(entries[:0], int(p.ranges[i+1]/page*8))[:p.ranges[i+1]/page*8]
+				if _, err := pagemap.ReadAt(entries, int64(p.ranges[i]/page*8)); err != nil {
+					t.Fatal(err)
+				}
+				for j := 0; j < len(entries); j += 8 {
+					n += int(binary.NativeEndian.Uint64(entries[j:]) >> 63)
+				}
+			}
+		}
+		return n
+	}
+}
+
+// TestDropLeavesCodeWithAPrivatePage: a debugger's breakpoint or a uprobe
+// is a private copy of a page of code. Drop, which runs every 250 ms, must
+// leave a mapping holding one, or it would bring the file's bytes back.
+func TestDropLeavesCodeWithAPrivatePage(t *testing.T) {
+	p := readOnly(t)
+	pagemap, err := os.Open("/proc/self/pagemap")
+	if err != nil {
+		t.Skipf("no pagemap: %v", err)
+	}
+	defer pagemap.Close()
+	entry := func(addr uintptr) uint64 {
+		var e [8]byte
+		if _, err := pagemap.ReadAt(e[:], int64(addr/uintptr(os.Getpagesize()))*8); err != nil {
+			t.Fatal(err)
+		}
+		return binary.NativeEndian.Uint64(e[:])
+	}
+	// Rewrite a byte of code with its own value through /proc/self/mem,
+	// as a debugger writes a breakpoint: its page becomes the process's
+	// own copy.
+	addr := reflect.ValueOf(codePages).Pointer()
+	mem, err := os.OpenFile("/proc/self/mem", os.O_RDWR, 0)
+	if err != nil {
+		t.Skipf("no /proc/self/mem: %v", err)
+	}
+	defer mem.Close()
+	b := make([]byte, 1)
+	if _, err := mem.ReadAt(b, int64(addr)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mem.WriteAt(b, int64(addr)); err != nil {
+		t.Skipf("writing code through /proc/self/mem: %v", err)
+	}
+	page := uintptr(os.Getpagesize())
+	t.Cleanup(func() { // the file's page back, for the tests after this one
+		if _, _, errno := syscall.Syscall(syscall.SYS_MADVISE, addr&^(page-1), page, syscall.MADV_DONTNEED); errno != 0 {
+			t.Error(errno)
+		}
+	})
+	if e := entry(addr); e>>63 != 1 || e>>61&1 != 0 {
+		t.Skipf("the written page of code is not a private copy in pagemap (%#x): pages are not mapped here as on Linux (an emulator?)", e)
+	}
+	if err := p.Drop(false); err != nil {
+		t.Fatal(err)
+	}
+	if e := entry(addr); e>>63 != 1 || e>>61&1 != 0 {
+		t.Fatalf("the private page of code is %#x in pagemap after Drop, want present and not the file's: Drop brought the file's bytes back", e)
 	}
 }
 
 // TestStartDropEvictsTheData: the start's Drop takes the data's unmapped
-// pages out of the page cache and turns off read-around for its mapping,
-// so that a fault maps only pages in use, not the 64 KiB around them.
+// pages out of the page cache and turns off read-around for its mappings,
+// code and data, so that a fault maps only pages in use, not the 64 KiB
+// around them.
 func TestStartDropEvictsTheData(t *testing.T) {
 	p := readOnly(t)
 	_, pages := coldPages(t, p)
@@ -138,21 +226,27 @@ func TestStartDropEvictsTheData(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var in bool
-	for line := range strings.Lines(string(smaps)) {
-		if f := strings.Fields(line); len(f) >= 5 && strings.Contains(f[0], "-") && !strings.HasSuffix(f[0], ":") {
-			lohi := strings.SplitN(f[0], "-", 2)
-			a, _ := strconv.ParseUint(lohi[0], 16, 64)
-			b, _ := strconv.ParseUint(lohi[1], 16, 64)
-			in = uintptr(a) <= start && start < uintptr(b)
-		} else if in && strings.HasPrefix(line, "VmFlags:") {
-			if !slices.Contains(strings.Fields(line)[1:], "rr") {
-				t.Errorf("cold's mapping has %q, want the random-read flag rr (MADV_RANDOM)", strings.TrimSpace(line))
+	// The code's mapping too: each function the test binary runs would
+	// map the 64 KiB around it again.
+	for name, at := range map[string]uintptr{"cold's mapping": start, "the code's mapping": reflect.ValueOf(codePages).Pointer()} {
+		var in, found bool
+		for line := range strings.Lines(string(smaps)) {
+			if f := strings.Fields(line); len(f) >= 5 && strings.Contains(f[0], "-") && !strings.HasSuffix(f[0], ":") {
+				lohi := strings.SplitN(f[0], "-", 2)
+				a, _ := strconv.ParseUint(lohi[0], 16, 64)
+				b, _ := strconv.ParseUint(lohi[1], 16, 64)
+				in = uintptr(a) <= at && at < uintptr(b)
+			} else if in && strings.HasPrefix(line, "VmFlags:") {
+				found = true
+				if !slices.Contains(strings.Fields(line)[1:], "rr") {
+					t.Errorf("%s has %q, want the random-read flag rr (MADV_RANDOM)", name, strings.TrimSpace(line))
+				}
 			}
-			return
+		}
+		if !found {
+			t.Fatalf("no mapping in /proc/self/smaps holds %s at %#x", name, at)
 		}
 	}
-	t.Fatalf("no mapping in /proc/self/smaps holds cold at %#x", start)
 }
 
 // TestFindLeavesPrivateCopiesOut: a debugger's breakpoint or a uprobe

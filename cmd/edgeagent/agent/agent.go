@@ -344,10 +344,10 @@ func Open(cfg *config.Config, opts Options) (*Agent, error) {
 }
 
 // releaseMapped takes the data files' pages that bbolt's reads mapped out
-// of the resident set (boltkv.DropMapped), and the executable's read-only
-// data (the collector reads the function tables of every goroutine's
-// frames as it scans stacks); with start, the executable's code too, and
-// its data's pages leave the page cache (see exepages.Pages.Drop).
+// of the resident set (boltkv.DropMapped), and the executable's code and
+// read-only data (the collector reads the function tables of every
+// goroutine's frames as it scans stacks); with start, the executable's
+// pages also leave the page cache (see exepages.Pages.Drop).
 func (a *Agent) releaseMapped(start bool) {
 	// Each error names its file (one Warn: the arm64 binary's code room).
 	for _, err := range [...]error{a.exe.Drop(start), a.Bronze.DropMapped(), boltkv.DropMapped(a.State)} {
