@@ -11,12 +11,18 @@ import (
 
 const mb = 1 << 20
 
+// collect gives p a collection 10 s after the last one: the last
+// quietCollections count, and no more.
+func collect(p *Pacer, live, scan, overhead uint64) int64 {
+	return p.Limit(live, scan, overhead, time.Duration(p.n)*10*time.Second)
+}
+
 // feed gives p one collection per live value, of a heap made only of
-// pointers, and returns the last limit.
+// pointers, 10 s apart, and returns the last limit.
 func feed(p *Pacer, overhead uint64, lives ...uint64) int64 {
 	var limit int64
 	for _, l := range lives {
-		limit = p.Limit(l, l, overhead)
+		limit = collect(p, l, l, overhead)
 	}
 	return limit
 }
@@ -38,18 +44,18 @@ func TestPointerFreeMemoryGetsNoHeadroom(t *testing.T) {
 	// the headroom is the 8 MB the collector scans.
 	var limit int64
 	for range 3 {
-		limit = p.Limit(20*mb, 8*mb, 3*mb)
+		limit = collect(p, 20*mb, 8*mb, 3*mb)
 	}
 	if want := int64(31 * mb); limit != want {
 		t.Fatalf("limit %d, want %d (live, its scannable part, the overhead)", limit, want)
 	}
 	p = NewPacer(50, math.MaxInt64)
-	if got, want := p.Limit(20*mb, 8*mb, 0), int64(24*mb); got != want {
+	if got, want := collect(p, 20*mb, 8*mb, 0), int64(24*mb); got != want {
 		t.Fatalf("GOGC=50: limit %d, want %d", got, want)
 	}
 	// All pointer-free, the heap still gets the floor's eighth.
 	p = NewPacer(100, math.MaxInt64)
-	if got, want := p.Limit(40*mb, 0, 0), int64(45*mb); got != want {
+	if got, want := collect(p, 40*mb, 0, 0), int64(45*mb); got != want {
 		t.Fatalf("40 MB live, none scannable: limit %d, want %d (the floor)", got, want)
 	}
 }
@@ -76,6 +82,42 @@ func TestLastingGrowthRaisesTheLimit(t *testing.T) {
 	// GOGC's again.
 	if got, want := feed(p, 0, 40*mb, 40*mb, 40*mb, 40*mb, 40*mb, 40*mb, 40*mb), int64(80*mb); got != want {
 		t.Fatalf("eight collections at 40 MB: limit %d, want %d", got, want)
+	}
+}
+
+// TestBurstOfCollectionsDoesNotRaiseTheLimit: a checkpoint's transient
+// makes the collector run every few tens of milliseconds; the quietest
+// collection of the last two seconds still sets the limit, and a level
+// that lasts longer than that is followed.
+func TestBurstOfCollectionsDoesNotRaiseTheLimit(t *testing.T) {
+	p := NewPacer(100, math.MaxInt64)
+	at := time.Duration(0)
+	tick := func(gap time.Duration, live uint64) int64 {
+		at += gap
+		return p.Limit(live, live, 3*mb, at)
+	}
+	var steady int64
+	for range 10 {
+		steady = tick(200*time.Millisecond, 20*mb)
+	}
+	if want := int64(43 * mb); steady != want {
+		t.Fatalf("steady at 20 MB: limit %d, want %d", steady, want)
+	}
+	// Twelve collections at 24 MB, 35 ms apart: the 20 MB ones are within
+	// the span. 24 MB's eighth is under the headroom, so the limit holds.
+	for i := range 12 {
+		if got := tick(35*time.Millisecond, 24*mb); got != steady {
+			t.Fatalf("collection %d of the burst: limit %d, want the steady %d", i+1, got, steady)
+		}
+	}
+	// The level lasts: once the 20 MB collections are older than the span
+	// and the last eight, GOGC's goal of 24 MB.
+	var got int64
+	for range 12 {
+		got = tick(200*time.Millisecond, 24*mb)
+	}
+	if want := int64(51 * mb); got != want {
+		t.Fatalf("24 MB for 2.4 s: limit %d, want %d", got, want)
 	}
 }
 
