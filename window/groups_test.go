@@ -10,6 +10,7 @@ import (
 	"slices"
 	"testing"
 	"time"
+	"unsafe"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -165,11 +166,11 @@ func TestRowLayoutMigrates(t *testing.T) {
 
 // putChange and delChange are changes to the window entry (dev, metric).
 func putChange(dev, metric string, w *window) rowChange {
-	return rowChange{at: w.start, kind: putWindow, ref: &series{dev: &device{name: dev}, name: metric, windows: []*window{w}}}
+	return rowChange{at: w.start, kind: putWindow, ref: unsafe.Pointer(&series{dev: &device{name: dev}, name: metric, windows: []*window{w}})}
 }
 
 func delChange(dev, metric string) rowChange {
-	return rowChange{kind: delWindow, ref: &winRef{dev: dev, metric: metric}}
+	return rowChange{kind: delMigrated, ref: unsafe.Pointer(&winRef{dev: dev, metric: metric})}
 }
 
 // TestMergeGroup: the entries of a group row stay sorted by (device,
