@@ -612,7 +612,7 @@ func (s *Stage) writeCheckpoint() error {
 
 // collectAround says whether a checkpoint of rows changes is worth three
 // full collections: one right before it and two right after its commit.
-// A checkpoint holds its arrays of changes (32 bytes a change) and,
+// A checkpoint holds its arrays of changes (24 bytes a change) and,
 // per transaction, about chunkBytes of new rows and the bbolt pages they
 // dirty; until session 16 it held all its rows and pages at once (load
 // mode, 10,000 devices: 20-27 MB for 78,000-104,000 changes, against 24-29
