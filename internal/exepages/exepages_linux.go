@@ -22,9 +22,10 @@ var (
 // read-only data (the function tables the collector reads as it scans
 // stacks, type descriptors, constants).
 type Pages struct {
-	ranges []uintptr // start, length, 1 for code or 0 for data, file offset, start, …
-	err    error     // Find's, for the first Drop to return
-	flags  []byte    // the code's pagemap entries, read before each drop
+	ranges  []uintptr // start, length, 1 for code or 0 for data, file offset, start, …
+	err     error     // Find's, for the first Drop to return
+	flags   []byte    // the code's pagemap entries, read before each drop
+	pagemap *os.File  // /proc/self/pagemap, once read
 }
 
 // Find reads the executable's mappings from /proc/self/smaps. They do not
@@ -98,15 +99,19 @@ func (p *Pages) Drop(start bool) (err error) {
 // private reports whether the mapping at, n holds a page of its own,
 // resident or swapped (pagemap bits 63 and 62), that is not the file's
 // (bit 61), or whether its flags cannot be read (then nothing is known).
+// The pagemap stays open: opening it costs a check of the process's
+// access to itself, four times a second.
 func (p *Pages) private(at, n uintptr) bool {
-	f, err := os.Open("/proc/self/pagemap")
-	if err != nil {
-		return true
+	if p.pagemap == nil {
+		f, err := os.Open("/proc/self/pagemap")
+		if err != nil {
+			return true
+		}
+		p.pagemap = f
 	}
-	defer f.Close()
 	page := uintptr(os.Getpagesize())
 	p.flags = slices.Grow(p.flags[:0], int(n/page)*8)[:n/page*8]
-	if _, err := f.ReadAt(p.flags, int64(at/page*8)); err != nil {
+	if _, err := p.pagemap.ReadAt(p.flags, int64(at/page*8)); err != nil {
 		return true
 	}
 	for i := 0; i < len(p.flags); i += 8 {
