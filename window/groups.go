@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -311,26 +312,68 @@ func compareEntry(devA, metricA, devB, metricB string) int {
 	return strings.Compare(metricA, metricB)
 }
 
-// windowChanges appends the checkpoint's window deletes and puts to
-// changes. It and its siblings append to the caller's array, so that one
-// array serves the whole checkpoint.
-func windowChanges(changes []rowChange, e *engine) []rowChange {
-	changes = slices.Grow(changes, len(e.delWins)+len(e.dirtyWins)+e.nParked)
+// windowPortion bounds the window changes a checkpoint holds at once: it
+// writes them in portions of consecutive start times (a group is one
+// start, so each is whole in one portion). In load mode a checkpoint has
+// 60,000-80,000 window changes, and the heap pacer's floor follows the
+// live heap while it holds them (see internal/heapgoal). A variable for
+// tests.
+var windowPortion = 16_384
+
+// eachWindowChange calls fn with every window delete and put of the
+// checkpoint whose start is within [lo, hi].
+func eachWindowChange(e *engine, lo, hi int64, fn func(rowChange)) {
 	for i := range e.delWins {
-		r := &e.delWins[i]
-		changes = append(changes, rowChange{at: r.start, shard: r.ser.dev.shard, kind: delWindow, ref: unsafe.Pointer(r)})
+		if r := &e.delWins[i]; lo <= r.start && r.start <= hi {
+			fn(rowChange{at: r.start, shard: r.ser.dev.shard, kind: delWindow, ref: unsafe.Pointer(r)})
+		}
 	}
 	for _, w := range e.dirtyWins {
-		if !w.dead {
+		if !w.dead && lo <= w.start && w.start <= hi {
 			ser := e.serOf(w)
-			changes = append(changes, rowChange{at: w.start, shard: ser.dev.shard, kind: putWindow, ref: unsafe.Pointer(ser)})
+			fn(rowChange{at: w.start, shard: ser.dev.shard, kind: putWindow, ref: unsafe.Pointer(ser)})
 		}
 	}
 	for _, ser := range e.parkedSers {
 		e.parkArena.each(ser.parked, func(start int64, ref parkRef) {
-			changes = append(changes, rowChange{at: start, parked: ref, shard: ser.dev.shard, kind: putParked, ref: unsafe.Pointer(ser)})
+			if lo <= start && start <= hi {
+				fn(rowChange{at: start, parked: ref, shard: ser.dev.shard, kind: putParked, ref: unsafe.Pointer(ser)})
+			}
 		})
 	}
+}
+
+// windowPortions returns the start times that end the portions of window
+// changes (see windowPortion), ascending: consecutive starts whose changes
+// add up to at most windowPortion, or a start of its own with more.
+// Starts are on the slide grid, so a checkpoint has few distinct ones.
+func windowPortions(e *engine) []int64 {
+	perStart := map[int64]int{}
+	eachWindowChange(e, math.MinInt64, math.MaxInt64, func(c rowChange) { perStart[c.at]++ })
+	// Sorted as uint64 with the sign bit flipped, which keeps their order:
+	// that sort is in the binary already, an int64 one would add 4.5 KB
+	// (the arm64 code budget).
+	starts := make([]uint64, 0, len(perStart))
+	for at := range perStart {
+		starts = append(starts, uint64(at)^1<<63)
+	}
+	slices.Sort(starts)
+	var ends []int64
+	for i, n := 0, 0; i < len(starts); i++ {
+		at := int64(starts[i] ^ 1<<63)
+		n += perStart[at]
+		if i+1 == len(starts) || n+perStart[int64(starts[i+1]^1<<63)] > windowPortion {
+			ends, n = append(ends, at), 0
+		}
+	}
+	return ends
+}
+
+// windowChanges appends the checkpoint's window deletes and puts with a
+// start within [lo, hi] to changes. It and its siblings append to the
+// caller's array, so that one array serves the whole checkpoint.
+func windowChanges(changes []rowChange, e *engine, lo, hi int64) []rowChange {
+	eachWindowChange(e, lo, hi, func(c rowChange) { changes = append(changes, c) })
 	return changes
 }
 

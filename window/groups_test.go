@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -314,5 +315,48 @@ func TestResetStateDropsTheOldLayout(t *testing.T) {
 	}
 	if n := len(windowRows(t, db)); n != 0 || s.eng.devices.len() != 0 {
 		t.Fatalf("after reset-state: %d stored windows, %d devices in memory; want none", n, s.eng.devices.len())
+	}
+}
+
+// TestWindowPortionsKeepStartsWhole: a checkpoint writes its window
+// changes in portions of consecutive starts of at most windowPortion
+// changes, or one start of its own with more; each start is in exactly
+// one portion, so each group row is merged once.
+func TestWindowPortionsKeepStartsWhole(t *testing.T) {
+	defer func(was int) { windowPortion = was }(windowPortion)
+	cfg := testConfig(t)
+	e := newEngine(&cfg)
+	perStart := map[int64]int{-20: 1, 10: 2, 20: 2, 30: 5, 40: 1}
+	for _, start := range []int64{30, 10, 40, -20, 20} {
+		for i := range perStart[start] {
+			ser := e.addSeries(e.newDevice(fmt.Sprintf("d%d-%d", start, i)), []byte("m"))
+			w := &window{ser: ser.id, start: start}
+			ser.windows = append(ser.windows, w)
+			e.markWin(w)
+		}
+	}
+	for _, c := range []struct {
+		portion int
+		ends    []int64
+	}{{3, []int64{10, 20, 30, 40}}, {5, []int64{20, 30, 40}}, {100, []int64{40}}} {
+		windowPortion = c.portion
+		ends := windowPortions(e)
+		if !slices.Equal(ends, c.ends) {
+			t.Fatalf("portions of %d: ends %v, want %v", c.portion, ends, c.ends)
+		}
+		lo, seen := int64(math.MinInt64), map[int64]int{}
+		for _, hi := range ends {
+			changes := windowChanges(nil, e, lo, hi)
+			if len(changes) > c.portion && len(changes) != perStart[hi] {
+				t.Fatalf("portions of %d: %d changes through %d", c.portion, len(changes), hi)
+			}
+			for _, ch := range changes {
+				seen[ch.at]++
+			}
+			lo = hi + 1
+		}
+		if !maps.Equal(seen, perStart) {
+			t.Fatalf("portions of %d: changes by start %v, want %v", c.portion, seen, perStart)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
@@ -552,12 +553,17 @@ func writeCheckpoint(w *chunkWriter, e *engine, sweep *groupSweep) (groupSweep, 
 	// Time-led group keys come in key order, so most inserts extend a run
 	// of keys: bbolt's default half-full splits would leave twice the pages
 	// to write now and to hold in memory whenever a later checkpoint
-	// touches them. Windows go first: theirs is the largest array of
-	// changes, which the others then reuse (a load-mode checkpoint's three
-	// arrays took 7 MB together).
-	changes := windowChanges(nil, e)
-	if err := writeGroups(w, bucketWindowGroups, stateFill, changes, gen, e.gen, &next[sweepWindows]); err != nil {
-		return groupSweep{}, err
+	// touches them. Windows go first, in portions of start times in key
+	// order (see windowPortion); the others then reuse their array (a
+	// load-mode checkpoint's three arrays took 7 MB together).
+	var changes []rowChange
+	lo := int64(math.MinInt64)
+	for _, hi := range windowPortions(e) {
+		changes = windowChanges(changes[:0], e, lo, hi)
+		if err := writeGroups(w, bucketWindowGroups, stateFill, changes, gen, e.gen, &next[sweepWindows]); err != nil {
+			return groupSweep{}, err
+		}
+		lo = hi + 1
 	}
 	changes = deviceChanges(changes[:0], e)
 	if err := writeGroups(w, bucketDeviceGroups, 0, changes, gen, e.gen, &next[sweepDevices]); err != nil {
