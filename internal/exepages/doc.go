@@ -5,10 +5,11 @@
 // package's init function at start, one in each package's stretch of
 // code, so nearly all of the executable is resident from the first second
 // (9.9 of its 11 MB mapped, measured) although the agent's running code
-// is a small part of it. Those pages are clean copies of the file:
-// dropping them from the process (madvise MADV_DONTNEED) leaves them in
-// the page cache, and the next use of one is a minor fault while the
-// kernel keeps them there. Unmapped, they are also the first it reclaims
-// under memory pressure (they stay charged to the service's cgroup until
-// then): a gateway short of memory reads them back from its storage.
+// is a small part of it. Those pages are clean copies of the file, and
+// the agent drops them from the process (madvise MADV_DONTNEED) at the
+// end of its start and every 250 ms after: what it runs faults back.
+// The start also evicts them from the page cache, with the kernel's
+// read-around off, so that a fault brings back the page in use alone
+// (read once from storage) rather than the 64 KiB of cached pages around
+// it; the pages read back stay cached, and a later fault on one is minor.
 package exepages
