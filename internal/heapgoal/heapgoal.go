@@ -9,8 +9,8 @@
 // Bronze's buffers), which the collector does not scan. Run sets a soft
 // memory limit (debug.SetMemoryLimit) after every collection instead: the
 // quietest live heap of the last eight collections and of the last two
-// seconds, plus GOGC/100 times its scannable bytes. Marking costs what the scannable part holds; the
-// headroom sets how often it runs. Pointer-free bytes got half a share
+// seconds, plus GOGC/100 times its scannable bytes. Marking costs what the
+// scannable part holds; the headroom sets how often it runs. Pointer-free bytes got half a share
 // until session 29: with Go 1.26's collector, giving them none took load
 // mode's peak from 50.4-55.5 to 45.3-51.2 MiB (ten alternated pairs) for
 // about 45 more collections a run and the collector's share of the CPU
