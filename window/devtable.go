@@ -27,12 +27,18 @@ func (t *devTable) get(name string) *device {
 	if t.n == 0 {
 		return nil
 	}
+	return t.slots[t.find(name)]
+}
+
+// find returns the slot holding name's device or, if none does, the empty
+// slot that ends its probe; the table must have slots.
+func (t *devTable) find(name string) int {
 	mask := len(t.slots) - 1
-	for i := t.home(name); ; i = (i + 1) & mask {
-		if d := t.slots[i]; d == nil || d.name == name {
-			return d
-		}
+	i := t.home(name)
+	for t.slots[i] != nil && t.slots[i].name != name {
+		i = (i + 1) & mask
 	}
+	return i
 }
 
 // put adds d, whose name the table must not hold.
@@ -44,14 +50,8 @@ func (t *devTable) put(d *device) {
 	t.n++
 }
 
-func (t *devTable) insert(d *device) {
-	mask := len(t.slots) - 1
-	i := t.home(d.name)
-	for t.slots[i] != nil {
-		i = (i + 1) & mask
-	}
-	t.slots[i] = d
-}
+// insert places d in the empty slot that ends its name's probe.
+func (t *devTable) insert(d *device) { t.slots[t.find(d.name)] = d }
 
 func (t *devTable) resize(n int) {
 	if t.slots == nil {
@@ -72,14 +72,11 @@ func (t *devTable) remove(name string) {
 	if t.n == 0 {
 		return
 	}
-	mask := len(t.slots) - 1
-	i := t.home(name)
-	for t.slots[i] == nil || t.slots[i].name != name {
-		if t.slots[i] == nil {
-			return
-		}
-		i = (i + 1) & mask
+	i := t.find(name)
+	if t.slots[i] == nil {
+		return
 	}
+	mask := len(t.slots) - 1
 	t.slots[i] = nil
 	t.n--
 	// An entry after the hole may move into it unless its home lies
