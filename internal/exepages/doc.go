@@ -12,4 +12,9 @@
 // read-around off, so that a fault brings back the page in use alone
 // (read once from storage) rather than the 64 KiB of cached pages around
 // it; the pages read back stay cached, and a later fault on one is minor.
+// That holds for the read-only data. On recent kernels (6.18 measured)
+// a fault in executable memory reads ahead whatever madvise said (up to
+// the file's read-ahead size, to the mapping's end), so the code is soon
+// cached again and only the periodic drops keep it down
+// (docs/performance.md, session 32).
 package exepages
