@@ -79,6 +79,10 @@ func TestLoadEmbeddedShort(t *testing.T) {
 	if lr.Result == nil || lr.Result.Windows.Correct == 0 {
 		t.Errorf("no window verified: %+v", lr.Result)
 	}
+	// VmHWM only grows: the peak when the load ended is part of the run's.
+	if lr.PeakRSSLoadBytes <= 0 || lr.PeakRSSLoadBytes > lr.PeakRSSBytes {
+		t.Errorf("peak RSS %d bytes when the load ended, %d over the run: want 0 < the first <= the second", lr.PeakRSSLoadBytes, lr.PeakRSSBytes)
+	}
 	if !strings.Contains(table.String(), "include its broker's work") {
 		t.Errorf("the table does not say the agent's figures include its broker:\n%s", table.String())
 	}

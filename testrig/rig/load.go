@@ -124,9 +124,13 @@ type LoadReport struct {
 	PlanExhausted bool   `json:"plan_exhausted"`
 	// LagP50Ms and LagP99Ms: from a reading's publish to the arrival of
 	// its window in the cloud.
-	LagP50Ms              float64 `json:"lag_p50_ms"`
-	LagP99Ms              float64 `json:"lag_p99_ms"`
-	PeakRSSBytes          int64   `json:"peak_rss_bytes"`
+	LagP50Ms     float64 `json:"lag_p50_ms"`
+	LagP99Ms     float64 `json:"lag_p99_ms"`
+	PeakRSSBytes int64   `json:"peak_rss_bytes"`
+	// PeakRSSLoadBytes is the agent's VmHWM when the load ended: the peak
+	// of its start and the load, without the settling after it (where a
+	// fleet falling silent at once closes every device's windows).
+	PeakRSSLoadBytes      int64   `json:"peak_rss_load_bytes"`
 	CPUSeconds            float64 `json:"cpu_seconds"`
 	CPUSecondsPerMillion  float64 `json:"cpu_seconds_per_million_readings"`
 	UplinkBytes           uint64  `json:"uplink_bytes"`
@@ -216,7 +220,7 @@ func (l *LoadReport) WriteTable(w io.Writer) {
 			c.PerSecond, l.Ingest.PerSecond/c.PerSecond, l.BronzeCommitMeanMs)
 	}
 	fmt.Fprintf(w, "  end-to-end lag (publish→cloud)   p50 %s  p99 %s\n", ms(l.LagP50Ms), ms(l.LagP99Ms))
-	fmt.Fprintf(w, "  agent peak RSS                   %s\n", bytesStr(l.PeakRSSBytes))
+	fmt.Fprintf(w, "  agent peak RSS                   %s  (%s when the load ended)\n", bytesStr(l.PeakRSSBytes), bytesStr(l.PeakRSSLoadBytes))
 	fmt.Fprintf(w, "  agent CPU                        %.1f s per million readings (%.1f s for %s)\n", l.CPUSecondsPerMillion, l.CPUSeconds, num(int(l.Readings)))
 	fmt.Fprintf(w, "  uplink                           %.2f bytes per reading (%s, over %s)\n", l.UplinkBytesPerReading, bytesStr(int64(l.UplinkBytes)), l.Uplink)
 	if r := l.Result; r != nil {
@@ -408,7 +412,9 @@ func Load(ctx context.Context, o LoadOptions) (*LoadReport, error) {
 	perr := <-pubErr
 	t1 := time.Now()
 	in1 := ingested()
-	cpu1 := e.agent.Usage().CPUSeconds
+	u1 := e.agent.Usage()
+	cpu1 := u1.CPUSeconds
+	lr.PeakRSSLoadBytes = u1.PeakRSSBytes
 	st1 := e.status(ctx)
 	if ctx.Err() != nil {
 		return nil, ctx.Err()

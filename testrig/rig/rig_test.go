@@ -144,11 +144,11 @@ func TestLoadTargets(t *testing.T) {
 		}
 	}
 	l := base
-	l.PeakRSSBytes, l.Devices = 62_200_000, 1000
+	l.PeakRSSBytes, l.PeakRSSLoadBytes, l.Devices = 62_200_000, 52_428_800, 1000
 	l.judgeTargets()
 	var b bytes.Buffer
 	l.WriteTable(&b)
-	for _, want := range []string{"targets (set for 10,000 devices; this run has 1,000)", "agent peak RSS < 40 MB", "MISSED  62.2 MB (59.3 MiB)", "met     90%"} {
+	for _, want := range []string{"targets (set for 10,000 devices; this run has 1,000)", "agent peak RSS < 40 MB", "MISSED  62.2 MB (59.3 MiB)", "met     90%", "59.3 MiB  (50.0 MiB when the load ended)"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, b.String())
 		}
