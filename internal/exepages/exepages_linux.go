@@ -55,8 +55,9 @@ func Find() *Pages {
 // whole file cached each function table the collector reads as it scans
 // stacks brought its neighbours in too (4.1-4.8 MiB of the 5.3 resident
 // under load, 1.8-2.7 evicted, measured), and each function the agent
-// runs brought the code around it. Evicted, a page the agent uses is read
-// from storage once, alone, and only the pages in use come back.
+// runs brought the code around it. Evicted, a page of data the agent uses
+// is read from storage once, alone, and only the pages in use come back.
+// Code is read ahead regardless on recent kernels (see the package doc).
 func (p *Pages) Drop(start bool) (err error) {
 	err, p.err = p.err, nil
 	var exe *os.File
