@@ -15,8 +15,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/edgeagent/edgeagent/uplink/wire/internal/zstd"
 	"github.com/fxamacker/cbor/v2"
-	"github.com/klauspost/compress/zstd"
 )
 
 // Version is the format version carried in every batch's "v" key.
