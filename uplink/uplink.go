@@ -312,6 +312,7 @@ func (u *Uplink) sealLoop(ctx context.Context) {
 			g.RUnlock()
 		}
 		if err == nil {
+			u.releaseMapped()
 			err = p.build(u)
 		}
 		if err != nil {
@@ -360,6 +361,7 @@ func (u *Uplink) applyLoop(ctx context.Context, plans <-chan sealPlan, gen *atom
 			}
 			return u.refreshBacklog(tx)
 		})
+		u.releaseMapped()
 		if err != nil {
 			gen.Add(1)
 			if !errors.Is(err, errConflict) {
@@ -380,6 +382,17 @@ func (u *Uplink) applyLoop(ctx context.Context, plans <-chan sealPlan, gen *atom
 		if len(p.batches) > 0 {
 			signal(u.sealedCh)
 		}
+	}
+}
+
+// releaseMapped takes the state file's pages out of the resident set (see
+// boltkv.DropMapped) after a round's read or write: a round reads up to
+// sealRoundBytes of rows through the map, and the kernel's fault-around
+// maps their cached neighbours too, 2-3 MiB of the state file at load
+// mode's peak between the agent's 250 ms drops (1.2-1.8 with these).
+func (u *Uplink) releaseMapped() {
+	if err := boltkv.DropMapped(u.db); err != nil {
+		u.log.Warn("uplink: releasing mapped pages failed", "err", err)
 	}
 }
 

@@ -126,6 +126,9 @@ func TestBatchOutputsAreSizedFromTheLastBatch(t *testing.T) {
 	cfg.MaxDevices = devices
 	cfg.IdleTimeout = 30 * time.Second
 	cfg = cfg.withDefaults()
+	// One tick closes every device's windows, not a portion of them.
+	defer func(was int) { idleCloseMax = was }(idleCloseMax)
+	idleCloseMax = 4 * devices
 	e := newEngine(&cfg)
 	seq := uint64(0)
 	// batch sends a reading from every device at round's time, then a

@@ -1147,10 +1147,12 @@ const slewStepNs = int64(60e9)
 // held every emission, its outbox rows and the commit's pages together,
 // 3-5 MiB over the load's own peak RSS; in portions the run's peak is the
 // load's (four load runs: three peaked during the load, where every run
-// before peaked at the idle close; docs/performance.md, session 28). The
-// last of such a fleet close a few ticks later. A variable only for
-// tests.
-var idleCloseMax = 4096
+// before peaked at the idle close; docs/performance.md, session 28). Once
+// the zstd fork had lowered the load's own peak by 3.5 MiB, portions of
+// 4,096 were the run's peak again, 1-3 MiB over the load's in four runs of
+// six; of 1,024 in none of seven (session 33). The last of such a fleet
+// close a few ticks later. A variable only for tests.
+var idleCloseMax = 1024
 
 // advanceClock moves the logged clock to ts (it never goes back) and runs
 // what the clock decides: pending revisions at trigger boundaries, idle
