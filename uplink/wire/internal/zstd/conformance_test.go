@@ -84,7 +84,8 @@ func TestForkFramesAreStandard(t *testing.T) {
 }
 
 // TestForkEncoderHoldsLessHeap checks what the fork is for: an encoder that
-// has compressed a batch holds at least 3 MiB less heap than upstream's.
+// has compressed a batch holds at least 2 MiB less heap than upstream's
+// (3.4 MiB less when measured: 1.15 against 4.52; the margin is for noise).
 func TestForkEncoderHoldsLessHeap(t *testing.T) {
 	src := rowsLike(100<<10, 7)
 	held := func(newAndEncode func() any) uint64 {
@@ -100,7 +101,7 @@ func TestForkEncoderHoldsLessHeap(t *testing.T) {
 	forkHeld := held(func() any { e := forkEncoder(t); e.EncodeAll(src, nil); return e })
 	upstreamHeld := held(func() any { e := upstreamEncoder(t); e.EncodeAll(src, nil); return e })
 	t.Logf("encoder heap after a 100 KiB batch: fork %.2f MiB, upstream %.2f MiB", float64(forkHeld)/(1<<20), float64(upstreamHeld)/(1<<20))
-	if forkHeld+3<<20 > upstreamHeld {
-		t.Fatalf("fork's encoder holds %d bytes, upstream's %d: want at least 3 MiB less", forkHeld, upstreamHeld)
+	if forkHeld+2<<20 > upstreamHeld {
+		t.Fatalf("fork's encoder holds %d bytes, upstream's %d: want at least 2 MiB less", forkHeld, upstreamHeld)
 	}
 }
