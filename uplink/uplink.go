@@ -311,8 +311,8 @@ func (u *Uplink) sealLoop(ctx context.Context) {
 		if g := u.cfg.OutboxGate; g != nil {
 			g.RUnlock()
 		}
+		u.releaseMapped() // the read mapped its pages, failed or not
 		if err == nil {
-			u.releaseMapped()
 			err = p.build(u)
 		}
 		if err != nil {

@@ -587,9 +587,13 @@ func (w *chunkWriter) commit() error {
 // checkpoint mapped 14-19 MiB of the state file within the agent's 250 ms
 // drops, and one transaction of chunkBytes of rows 13-16 MiB, so it is
 // also called every 32 KiB of rows.
-func (w *chunkWriter) release() {
-	if err := boltkv.DropMapped(w.db); err != nil {
-		w.log.Warn("state: releasing mapped pages failed", "err", err)
+func (w *chunkWriter) release() { releaseMapped(w.db, w.log) }
+
+// releaseMapped takes db's pages out of the resident set, warning when it
+// cannot: the pages are only memory, nothing is lost.
+func releaseMapped(db *bolt.DB, log *slog.Logger) {
+	if err := boltkv.DropMapped(db); err != nil {
+		log.Warn("state: releasing mapped pages failed", "err", err)
 	}
 }
 

@@ -560,9 +560,7 @@ func (s *Stage) commit(checkpoint bool) error {
 		err = s.db.Update(s.writeOutputs)
 		// Its reads mapped the outbox's last pages and the late and
 		// dead-letter tables' (see chunkWriter.release).
-		if rerr := boltkv.DropMapped(s.db); rerr != nil {
-			s.log.Warn("state: releasing mapped pages failed", "err", rerr)
-		}
+		releaseMapped(s.db, s.log)
 	}
 	if err != nil {
 		if rerr := s.rollback(); rerr != nil {

@@ -15,8 +15,9 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/edgeagent/edgeagent/uplink/wire/internal/zstd"
 	"github.com/fxamacker/cbor/v2"
+
+	"github.com/edgeagent/edgeagent/uplink/wire/internal/zstd"
 )
 
 // Version is the format version carried in every batch's "v" key.
