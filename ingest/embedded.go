@@ -19,6 +19,13 @@ import (
 	"github.com/edgeagent/edgeagent/internal/mochilisten"
 )
 
+// mochi's packets package keeps its tests' packet fixtures in a non-test
+// file (tpackets.go): a map of about 1 MB that its init builds in every
+// binary that links the broker, and that only mochi's own tests read. Left
+// alone it is live heap for the agent's whole life, and full of pointers,
+// so every collection scans it. Dropped here, the first collection frees it.
+func init() { packets.TPacketData = nil }
+
 // embedded runs the built-in mochi broker and ingests inside its publish
 // path: the hook hands each device message to the committer, and the
 // device's PUBACK goes out only after the Bronze commit (sent by the

@@ -564,3 +564,11 @@ func TestEmbeddedSessionsExpire(t *testing.T) {
 		t.Fatalf("the expired session's subscriptions stay: %v", subs)
 	}
 }
+
+// The agent drops mochi's packet fixtures at init (see the init in
+// embedded.go); mochi's broker code never reads them.
+func TestMochiPacketFixturesAreDropped(t *testing.T) {
+	if packets.TPacketData != nil {
+		t.Fatalf("packets.TPacketData holds %d cases after init, want nil", len(packets.TPacketData))
+	}
+}
