@@ -38,6 +38,8 @@ type pending struct {
 	// stored is set once the record committed (and was acknowledged), so a
 	// batch split by a full Bronze is not stored twice at shutdown.
 	stored bool
+	// chunk is the payloadSlab chunk holding the payload, nil if none.
+	chunk *slabChunk
 }
 
 // committer group-commits pending messages to Bronze and acknowledges them,
@@ -57,6 +59,9 @@ type committer struct {
 	stats *Stats
 	// budget bounds the bytes handed over and not yet committed.
 	budget *byteBudget
+	// slab holds the payloads copied out of connections' read buffers
+	// until their commit.
+	slab payloadSlab
 }
 
 // maxQueuedBytes bounds the message bytes ingest holds between reading
@@ -412,6 +417,7 @@ func (c *committer) commitParts(ctx context.Context, batch []pending, recs []buf
 		}
 	}
 	c.budget.release(freed)
+	c.slab.release(batch) // Bronze holds its own copy now
 	return true
 }
 
