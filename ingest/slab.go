@@ -18,9 +18,11 @@ import (
 // A record that is never released (ingest stopped before its commit) only
 // keeps its chunk from being used again: the collector frees it.
 type payloadSlab struct {
-	mu    sync.Mutex
-	cur   *slabChunk   // being filled
-	spare []*slabChunk // emptied, for the next chunk
+	mu     sync.Mutex
+	cur    *slabChunk            // being filled
+	spare  [slabSpare]*slabChunk // emptied, for the next chunk
+	nspare int
+	_      [0]func() // not comparable: no equality function in the binary
 }
 
 // slabChunk holds payloads back to back; refs counts the records that
@@ -51,18 +53,24 @@ func (s *payloadSlab) copy(p []byte) ([]byte, *slabChunk) {
 		return bytes.Clone(p), nil
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	c := s.cur
 	if c == nil || len(c.buf)+len(p) > cap(c.buf) {
 		if c != nil && c.refs == 0 {
-			s.recycleLocked(c)
+			s.recycle(c)
 		}
-		c = s.takeLocked()
+		if s.nspare > 0 {
+			s.nspare--
+			c = s.spare[s.nspare]
+		} else {
+			c = &slabChunk{buf: make([]byte, 0, slabChunkBytes)}
+		}
 		s.cur = c
 	}
 	n := len(c.buf)
-	c.buf = append(c.buf, p...)
+	c.buf = c.buf[:n+len(p)] // fits: checked above
+	copy(c.buf[n:], p)
 	c.refs++
+	s.mu.Unlock()
 	return c.buf[n:len(c.buf):len(c.buf)], c
 }
 
@@ -71,38 +79,29 @@ func (s *payloadSlab) copy(p []byte) ([]byte, *slabChunk) {
 // being filled starts over, another goes to the spares.
 func (s *payloadSlab) release(batch []pending) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	for i := range batch {
 		c := batch[i].chunk
+		batch[i].chunk = nil
 		if c == nil {
 			continue
 		}
-		batch[i].chunk = nil
-		c.refs--
-		if c.refs > 0 {
-			continue
-		}
-		if c == s.cur {
-			c.buf = c.buf[:0]
-		} else {
-			s.recycleLocked(c)
+		if c.refs--; c.refs == 0 {
+			if c == s.cur {
+				c.buf = c.buf[:0]
+			} else {
+				s.recycle(c)
+			}
 		}
 	}
+	s.mu.Unlock()
 }
 
-func (s *payloadSlab) takeLocked() *slabChunk {
-	if n := len(s.spare); n > 0 {
-		c := s.spare[n-1]
-		s.spare[n-1] = nil
-		s.spare = s.spare[:n-1]
-		return c
-	}
-	return &slabChunk{buf: make([]byte, 0, slabChunkBytes)}
-}
-
-func (s *payloadSlab) recycleLocked(c *slabChunk) {
+// recycle empties c, which nothing holds, and keeps it for reuse if there
+// is room among the spares; s.mu is held.
+func (s *payloadSlab) recycle(c *slabChunk) {
 	c.buf = c.buf[:0]
-	if len(s.spare) < slabSpare {
-		s.spare = append(s.spare, c)
+	if s.nspare < slabSpare {
+		s.spare[s.nspare] = c
+		s.nspare++
 	}
 }
