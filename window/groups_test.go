@@ -9,6 +9,7 @@ import (
 	"math"
 	"path/filepath"
 	"slices"
+	"sort"
 	"testing"
 	"time"
 	"unsafe"
@@ -358,5 +359,100 @@ func TestWindowPortionsKeepStartsWhole(t *testing.T) {
 		if !maps.Equal(seen, perStart) {
 			t.Fatalf("portions of %d: changes by start %v, want %v", c.portion, seen, perStart)
 		}
+	}
+}
+
+// sortByGroup orders changes as sort.Sort(byGroup) does, group by group,
+// with the same changes in each group: for a checkpoint's few times (the
+// buckets), for times around zero and noTimeKey, and past maxFlagStarts
+// (the fallback).
+func TestSortByGroupOrdersAsCompareGroups(t *testing.T) {
+	rng := uint64(1)
+	next := func(n int) int {
+		rng = rng*6364136223846793005 + 1442695040888963407
+		return int(rng>>33) % n
+	}
+	type entry struct {
+		at    int64
+		shard uint16
+		id    parkRef // tells the changes apart
+	}
+	manyTimes := make([]int64, 100) // more times than the shards below
+	for i := range manyTimes {
+		manyTimes[i] = int64(i) * 60_000
+	}
+	for _, tc := range []struct {
+		name   string
+		n      int
+		times  []int64
+		shards uint32
+	}{
+		{"more times than shards", 2_000, manyTimes, 2},
+		{"a portion's starts", 20_000, []int64{1_700_000_040_000, 1_700_000_100_000, 1_700_000_160_000, 1_700_000_220_000}, 0},
+		{"dedup ends and devices", 5_000, []int64{noTimeKey, -60_000, 0, 60_000}, 0},
+		{"one time", 3_000, []int64{noTimeKey}, 0},
+		{"more times than buckets", 10_000, nil, 0},
+		{"empty", 0, nil, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.shards != 0 {
+				old := groupShards
+				groupShards = tc.shards
+				t.Cleanup(func() { groupShards = old })
+			}
+			changes := make([]rowChange, tc.n)
+			for i := range changes {
+				at := int64(next(maxFlagStarts*4)) * 1000
+				if tc.times != nil {
+					at = tc.times[next(len(tc.times))]
+				}
+				changes[i] = rowChange{at: at, shard: uint16(next(int(groupShards))), parked: parkRef(i)}
+			}
+			want := slices.Clone(changes)
+			sort.Sort(byGroup(want))
+			sortByGroup(changes)
+			groupOf := func(c []rowChange) map[[2]int64][]parkRef {
+				m := map[[2]int64][]parkRef{}
+				for _, x := range c {
+					k := [2]int64{x.at, int64(x.shard)}
+					m[k] = append(m[k], x.parked)
+				}
+				for _, ids := range m {
+					slices.Sort(ids)
+				}
+				return m
+			}
+			for i := range changes {
+				if compareGroups(changes[i], want[i]) != 0 {
+					t.Fatalf("change %d of %d in group (%d, %d), want (%d, %d)", i, len(changes), changes[i].at, changes[i].shard, want[i].at, want[i].shard)
+				}
+			}
+			got, exp := groupOf(changes), groupOf(want)
+			if !maps.EqualFunc(got, exp, slices.Equal[[]parkRef]) {
+				t.Fatal("a group holds other changes than sort.Sort's")
+			}
+		})
+	}
+}
+
+// BenchmarkSortByGroup sorts a load-mode checkpoint's portion of window
+// changes (16,384, four starts, every shard) against sort.Sort.
+func BenchmarkSortByGroup(b *testing.B) {
+	src := make([]rowChange, windowPortion)
+	for i := range src {
+		src[i] = rowChange{at: int64(i%4) * 60_000, shard: uint16(i * 7919 % int(groupShards))}
+	}
+	work := make([]rowChange, len(src))
+	for _, bc := range []struct {
+		name string
+		sort func([]rowChange)
+	}{{"buckets", sortByGroup}, {"sort.Sort", func(c []rowChange) { sort.Sort(byGroup(c)) }}} {
+		b.Run(bc.name, func(b *testing.B) {
+			for b.Loop() {
+				copy(work, src)
+				bc.sort(work)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(src)), "ns/change")
+		})
 	}
 }
