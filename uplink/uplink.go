@@ -390,11 +390,7 @@ func (u *Uplink) applyLoop(ctx context.Context, plans <-chan sealPlan, gen *atom
 // sealRoundBytes of rows through the map, and the kernel's fault-around
 // maps their cached neighbours too, 2-3 MiB of the state file at load
 // mode's peak between the agent's 250 ms drops (1.2-1.8 with these).
-func (u *Uplink) releaseMapped() {
-	if err := boltkv.DropMapped(u.db); err != nil {
-		u.log.Warn("uplink: releasing mapped pages failed", "err", err)
-	}
-}
+func (u *Uplink) releaseMapped() { boltkv.ReleaseMapped(u.db, u.log) }
 
 // refreshBacklog copies the sealed backlog figures into the stats. It runs
 // inside the write transaction that changed them, so two writers' updates

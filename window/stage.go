@@ -560,7 +560,7 @@ func (s *Stage) commit(checkpoint bool) error {
 		err = s.db.Update(s.writeOutputs)
 		// Its reads mapped the outbox's last pages and the late and
 		// dead-letter tables' (see chunkWriter.release).
-		releaseMapped(s.db, s.log)
+		boltkv.ReleaseMapped(s.db, s.log)
 	}
 	if err != nil {
 		if rerr := s.rollback(); rerr != nil {
