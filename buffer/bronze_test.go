@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+	"unsafe"
 )
 
 // readStored reads like Read but always through bbolt, never the tail.
@@ -134,6 +135,64 @@ func TestTailRecordsOutliveEviction(t *testing.T) {
 	}
 	runtime.GC()
 	sameRecords(t, "records held across eviction", held, want)
+}
+
+// TestReleasedArenasAreReused: an arena that left the tail is reused by a
+// later Append only once every record in it is released, and the records
+// read from the reused arena are the new ones, intact.
+func TestReleasedArenasAreReused(t *testing.T) {
+	b, err := Open(filepath.Join(t.TempDir(), "bronze.db"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	src := benchRecords(1000)
+	if err := b.Append(src[:100]); err != nil {
+		t.Fatal(err)
+	}
+	first := unsafe.SliceData(b.tail[0].arena)
+	held, err := b.Read(1, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := readStored(t, b, 1, 100)
+	b.ReleaseThrough(99) // the last record is still held
+	other := func(n int) []Record {
+		recs := append([]Record(nil), src[:n]...)
+		for i := range recs {
+			recs[i].Topic = fmt.Sprintf("other/%d/x", i)
+			recs[i].Payload = bytes.Repeat([]byte{'z'}, len(recs[i].Payload))
+		}
+		return recs
+	}
+	appendOther := func(n int) {
+		t.Helper()
+		if err := b.Append(other(n)); err != nil {
+			t.Fatal(err)
+		}
+		if got := unsafe.SliceData(b.tail[len(b.tail)-1].arena); got == first {
+			t.Fatalf("an append reused the arena of records 1-100 while record 100 was held")
+		}
+	}
+	for b.tail[0].first == 1 {
+		appendOther(1000)
+	}
+	appendOther(50)
+	sameRecords(t, "records held after a partial release", held, want)
+
+	b.ReleaseThrough(100)
+	if err := b.Append(other(50)); err != nil {
+		t.Fatal(err)
+	}
+	last := b.tail[len(b.tail)-1]
+	if unsafe.SliceData(last.arena) != first {
+		t.Fatal("the released arena of records 1-100 was not reused by an append that fits in it")
+	}
+	got, err := b.Read(last.first, 50)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameRecords(t, "records in a reused arena", got, readStored(t, b, last.first, 50))
 }
 
 // The Bronze file is created group-readable and never world-accessible

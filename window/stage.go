@@ -226,6 +226,12 @@ type revisionFloor interface {
 	RevisionFloor() uint32
 }
 
+// releaser is a Source that reuses the memory of the records a reader
+// has released (buffer.Bronze).
+type releaser interface {
+	ReleaseThrough(seq uint64)
+}
+
 // raiseToRevisionFloor makes revisions continue above the source's floor
 // when the state database knows fewer: it was lost, damaged and moved
 // aside, or restored from an older copy. Windows rebuilt from Bronze then
@@ -575,6 +581,12 @@ func (s *Stage) commit(checkpoint bool) error {
 		s.log.Warn("window: dead-letter table full, evicting oldest rows", "max_rows", s.cfg.MaxDeadLetterRows)
 	}
 	e.resetOutputs()
+	// Nothing of the records up to the offset is held now (the outputs
+	// that pointed into them are written and dropped): Bronze may reuse
+	// their memory.
+	if r, ok := s.src.(releaser); ok {
+		r.ReleaseThrough(e.offset)
+	}
 	if checkpoint {
 		e.resetDelta()
 		s.checkpointAt, s.checkpointOffset = s.cfg.Clock(), e.offset
