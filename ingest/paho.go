@@ -262,8 +262,8 @@ func (p *pahoSource) dropConnection(why error) {
 // onPublish hands a QoS0 or QoS1 message the connection took out of
 // paho's stream to the committer, which acknowledges it on that connection.
 func (p *pahoSource) onPublish(c *bufferedConn, topic []byte, qos byte, retained, dup bool, id uint16, payload []byte, size int) {
-	payload, chunk := p.in.com.slab.copy(payload)
-	m := pending{rec: p.in.classify(string(topic), qos, retained, dup, payload, size), chunk: chunk}
+	topicName, payload, chunk := p.in.com.slab.copyMessage(topic, payload)
+	m := pending{rec: p.in.classify(topicName, qos, retained, dup, payload, size), chunk: chunk}
 	if qos == 1 {
 		m.puback, m.pubackID = c, id
 	}

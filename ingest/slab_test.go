@@ -15,21 +15,28 @@ func TestSlabCopiesStayIntactUntilReleased(t *testing.T) {
 	payload := func(i int) []byte {
 		return fmt.Appendf(nil, `{"id":"m%d","v":%d,"pad":"%s"}`, i, i, bytes.Repeat([]byte{'x'}, i%300))
 	}
+	topic := func(i int) []byte { return fmt.Appendf(nil, "sensors/dev%05d/telemetry", i%997) }
 	var held []pending
-	var want [][]byte
+	var want []buffer.Record
+	intact := func(when string) {
+		t.Helper()
+		for j := range held {
+			if r := held[j].rec; r.Topic != want[j].Topic || !bytes.Equal(r.Payload, want[j].Payload) {
+				t.Fatalf("message %d: topic %q payload %q %s, want %q %q", j, r.Topic, r.Payload, when, want[j].Topic, want[j].Payload)
+			}
+		}
+	}
 	for i := range 20_000 {
-		src := payload(i)
-		got, c := s.copy(src)
-		clear(src) // the connection's buffer is overwritten by its next read
-		held = append(held, pending{rec: recWithPayload(got), chunk: c})
-		want = append(want, payload(i))
+		srcTopic, src := topic(i), payload(i)
+		gotTopic, got, c := s.copyMessage(srcTopic, src)
+		// The connection's buffer is overwritten by its next read.
+		clear(srcTopic)
+		clear(src)
+		held = append(held, pending{rec: buffer.Record{Kind: buffer.KindMessage, Topic: gotTopic, Payload: got}, chunk: c})
+		want = append(want, buffer.Record{Topic: string(topic(i)), Payload: payload(i)})
 		// Commit in batches of varying size, one in three left for later.
 		if len(held) >= 100+i%400 {
-			for j := range held {
-				if !bytes.Equal(held[j].rec.Payload, want[j]) {
-					t.Fatalf("message %d: payload %q before its release, want %q", j, held[j].rec.Payload, want[j])
-				}
-			}
+			intact("before its release")
 			cut := len(held) * 2 / 3
 			s.release(held[:cut])
 			for j := range cut {
@@ -38,30 +45,22 @@ func TestSlabCopiesStayIntactUntilReleased(t *testing.T) {
 				}
 			}
 			held = append([]pending(nil), held[cut:]...)
-			want = append([][]byte(nil), want[cut:]...)
+			want = append([]buffer.Record(nil), want[cut:]...)
 		}
 	}
-	for j := range held {
-		if !bytes.Equal(held[j].rec.Payload, want[j]) {
-			t.Fatalf("message %d: payload %q at the end, want %q", j, held[j].rec.Payload, want[j])
-		}
-	}
-}
-
-func recWithPayload(p []byte) buffer.Record {
-	return buffer.Record{Kind: buffer.KindMessage, Payload: p}
+	intact("at the end")
 }
 
 // In a steady stream, released chunks are used again: copying allocates
 // nothing.
 func TestSlabReusesReleasedChunks(t *testing.T) {
 	var s payloadSlab
-	msg := bytes.Repeat([]byte("0123456789"), 12)
+	topic, msg := []byte("sensors/dev00042/telemetry"), bytes.Repeat([]byte("0123456789"), 12)
 	batch := make([]pending, 0, 600)
 	commit := func() {
 		for range 600 {
-			p, c := s.copy(msg)
-			batch = append(batch, pending{rec: recWithPayload(p), chunk: c})
+			tp, p, c := s.copyMessage(topic, msg)
+			batch = append(batch, pending{rec: buffer.Record{Kind: buffer.KindMessage, Topic: tp, Payload: p}, chunk: c})
 		}
 		s.release(batch)
 		batch = batch[:0]
@@ -75,13 +74,14 @@ func TestSlabReusesReleasedChunks(t *testing.T) {
 // Empty and large payloads get copies of their own, outside the chunks.
 func TestSlabLeavesLargePayloadsOut(t *testing.T) {
 	var s payloadSlab
-	large := bytes.Repeat([]byte{'y'}, slabMaxPayload+1)
-	got, c := s.copy(large)
-	if c != nil || !bytes.Equal(got, large) || &got[0] == &large[0] {
-		t.Fatalf("payload of %d bytes: chunk %v, want its own copy", len(large), c)
+	topic := []byte("a/b")
+	large := bytes.Repeat([]byte{'y'}, slabMaxPayload+1-len(topic))
+	tp, got, c := s.copyMessage(topic, large)
+	if c != nil || tp != "a/b" || !bytes.Equal(got, large) || &got[0] == &large[0] {
+		t.Fatalf("topic and payload of %d bytes: chunk %v, want copies of their own", len(topic)+len(large), c)
 	}
-	if got, c := s.copy(nil); c != nil || len(got) != 0 {
-		t.Fatalf("empty payload: %q in chunk %v, want an empty copy of its own", got, c)
+	if tp, got, c := s.copyMessage(topic, nil); c != nil || tp != "a/b" || len(got) != 0 {
+		t.Fatalf("empty payload: topic %q payload %q in chunk %v, want copies of their own", tp, got, c)
 	}
 	if s.cur != nil {
 		t.Fatal("a chunk was taken for payloads kept out of chunks")

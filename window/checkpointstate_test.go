@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/edgeagent/edgeagent/buffer"
 )
@@ -121,7 +122,7 @@ func BenchmarkIdleCloseOutputs(b *testing.B) {
 // array at once, a quarter larger, instead of growing one by appends
 // (which allocated three to four times the array per batch in load mode).
 func TestBatchOutputsAreSizedFromTheLastBatch(t *testing.T) {
-	const devices = 1_000
+	const devices = 2_500
 	cfg := testConfig(t)
 	cfg.MaxDevices = devices
 	cfg.IdleTimeout = 30 * time.Second
@@ -149,15 +150,62 @@ func TestBatchOutputsAreSizedFromTheLastBatch(t *testing.T) {
 	}
 	batch(0)
 	n := len(e.out)
-	if n <= keptOutputs {
-		t.Fatalf("%d emissions in the first batch, want more than the %d an array keeps", n, keptOutputs)
+	if n <= keptEmissions {
+		t.Fatalf("%d emissions in the first batch, want more than the %d an array keeps", n, keptEmissions)
 	}
 	e.resetOutputs()
+	if e.out != nil {
+		t.Fatalf("an array of %d emissions was kept past the batch, more than the %d kept", cap(e.out), keptEmissions)
+	}
 	batch(1)
 	if len(e.out) != n {
 		t.Fatalf("%d emissions in the second batch, want %d as in the first", len(e.out), n)
 	}
 	if want := n + n/4; cap(e.out) != want {
 		t.Fatalf("the second batch's array holds %d for %d emissions: want it made at once for %d, a quarter more than the first batch's", cap(e.out), n, want)
+	}
+}
+
+// A batch's array of emissions within keptEmissions serves the next batch:
+// load mode's batches of about 2,000 aggregates made one each.
+func TestSmallBatchOutputsKeepTheirArray(t *testing.T) {
+	const devices = 1_500 // more emissions than keptOutputs, fewer than keptEmissions
+	cfg := testConfig(t)
+	cfg.MaxDevices = devices
+	cfg = cfg.withDefaults()
+	defer func(was int) { idleCloseMax = was }(idleCloseMax)
+	idleCloseMax = 4 * devices
+	e := newEngine(&cfg)
+	var seq uint64
+	batch := func(round int) {
+		at := t0.Add(time.Duration(round) * time.Hour)
+		for d := range devices {
+			r := msg(fmt.Sprintf("sensors/dev%05d/telemetry", d), fmt.Sprintf(`{"id":"%d","ts":%d,"m0":1.5}`, round, at.UnixMilli()), at)
+			seq++
+			r.Seq = seq
+			e.process(&r)
+		}
+		idle := tick(at.Add(cfg.IdleTimeout + time.Second))
+		seq++
+		idle.Seq = seq
+		e.process(&idle)
+	}
+	batch(0)
+	if n := len(e.out); n <= keptOutputs || n > keptEmissions {
+		t.Fatalf("%d emissions in the first batch, want more than %d and at most %d", n, keptOutputs, keptEmissions)
+	}
+	e.resetOutputs()
+	kept := unsafe.SliceData(e.out)
+	if kept == nil || len(e.out) != 0 {
+		t.Fatalf("after the batch the array is %d long at %p: want it emptied and kept", len(e.out), kept)
+	}
+	for _, em := range e.out[:cap(e.out)] {
+		if em.ser != nil {
+			t.Fatal("a kept array still points at a series")
+		}
+	}
+	batch(1)
+	if len(e.out) == 0 || unsafe.SliceData(e.out) != kept {
+		t.Fatalf("the second batch's %d emissions went into a new array, not the kept one", len(e.out))
 	}
 }

@@ -232,6 +232,23 @@ type releaser interface {
 	ReleaseThrough(seq uint64)
 }
 
+// releaseRecords tells the source which records the stage no longer
+// holds: every one processed, but for the dead letters waiting for the
+// commit, whose topics (and device names cut from them) are the records'.
+// Released after every slice, not every commit, Bronze's arenas are free
+// again as they leave its tail, and few wait for reuse.
+func (s *Stage) releaseRecords() {
+	r, ok := s.src.(releaser)
+	if !ok {
+		return
+	}
+	through := s.eng.offset
+	if len(s.eng.dls) > 0 {
+		through = min(through, s.eng.dls[0].Seq-1)
+	}
+	r.ReleaseThrough(through)
+}
+
 // raiseToRevisionFloor makes revisions continue above the source's floor
 // when the state database knows fewer: it was lost, damaged and moved
 // aside, or restored from an older copy. Windows rebuilt from Bronze then
@@ -445,6 +462,9 @@ func (s *Stage) Step() (StepResult, error) {
 		more = buffer.ReadFull(recs, want)
 		clear(recs)
 		s.recs = recs[:0]
+		if e.loadErr == nil {
+			s.releaseRecords()
+		}
 		if err != nil {
 			err = fmt.Errorf("read bronze after %d: %w", after, err)
 		} else {
@@ -581,12 +601,7 @@ func (s *Stage) commit(checkpoint bool) error {
 		s.log.Warn("window: dead-letter table full, evicting oldest rows", "max_rows", s.cfg.MaxDeadLetterRows)
 	}
 	e.resetOutputs()
-	// Nothing of the records up to the offset is held now (the outputs
-	// that pointed into them are written and dropped): Bronze may reuse
-	// their memory.
-	if r, ok := s.src.(releaser); ok {
-		r.ReleaseThrough(e.offset)
-	}
+	s.releaseRecords()
 	if checkpoint {
 		e.resetDelta()
 		s.checkpointAt, s.checkpointOffset = s.cfg.Clock(), e.offset
