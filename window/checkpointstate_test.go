@@ -118,37 +118,45 @@ func BenchmarkIdleCloseOutputs(b *testing.B) {
 	b.ReportMetric(float64(emitted), "emissions")
 }
 
-// A batch whose emissions outgrew the kept array makes its successor's
-// array at once, a quarter larger, instead of growing one by appends
-// (which allocated three to four times the array per batch in load mode).
-func TestBatchOutputsAreSizedFromTheLastBatch(t *testing.T) {
-	const devices = 2_500
+// idleBatches returns a function that runs batch round on one engine: a
+// reading of metrics metrics from each of devices devices at round's
+// time, then a clock tick past their idle timeout, which emits every
+// window (one tick closes them all, not a portion).
+func idleBatches(t *testing.T, devices, metrics int) func(round int) *engine {
 	cfg := testConfig(t)
 	cfg.MaxDevices = devices
 	cfg.IdleTimeout = 30 * time.Second
 	cfg = cfg.withDefaults()
-	// One tick closes every device's windows, not a portion of them.
-	defer func(was int) { idleCloseMax = was }(idleCloseMax)
+	was := idleCloseMax
+	t.Cleanup(func() { idleCloseMax = was })
 	idleCloseMax = 4 * devices
 	e := newEngine(&cfg)
-	seq := uint64(0)
-	// batch sends a reading from every device at round's time, then a
-	// clock tick past their idle timeout, which emits every window.
-	batch := func(round int) {
+	var seq uint64
+	process := func(r buffer.Record) {
+		seq++
+		r.Seq = seq
+		e.process(&r)
+	}
+	return func(round int) *engine {
 		at := t0.Add(time.Duration(round) * time.Hour)
 		for d := range devices {
-			r := msg(fmt.Sprintf("sensors/dev%05d/telemetry", d),
-				fmt.Sprintf(`{"id":"%d","ts":%d,"m0":1.5,"m1":%d}`, round, at.UnixMilli(), d%9), at)
-			seq++
-			r.Seq = seq
-			e.process(&r)
+			body := fmt.Sprintf(`{"id":"%d","ts":%d,"m0":1.5`, round, at.UnixMilli())
+			if metrics > 1 {
+				body += fmt.Sprintf(`,"m1":%d`, d%9)
+			}
+			process(msg(fmt.Sprintf("sensors/dev%05d/telemetry", d), body+"}", at))
 		}
-		idle := tick(at.Add(cfg.IdleTimeout + time.Second))
-		seq++
-		idle.Seq = seq
-		e.process(&idle)
+		process(tick(at.Add(cfg.IdleTimeout + time.Second)))
+		return e
 	}
-	batch(0)
+}
+
+// A batch whose emissions outgrew the kept array makes its successor's
+// array at once, a quarter larger, instead of growing one by appends
+// (which allocated three to four times the array per batch in load mode).
+func TestBatchOutputsAreSizedFromTheLastBatch(t *testing.T) {
+	batch := idleBatches(t, 2_500, 2)
+	e := batch(0)
 	n := len(e.out)
 	if n <= keptEmissions {
 		t.Fatalf("%d emissions in the first batch, want more than the %d an array keeps", n, keptEmissions)
@@ -169,28 +177,8 @@ func TestBatchOutputsAreSizedFromTheLastBatch(t *testing.T) {
 // A batch's array of emissions within keptEmissions serves the next batch:
 // load mode's batches of about 2,000 aggregates made one each.
 func TestSmallBatchOutputsKeepTheirArray(t *testing.T) {
-	const devices = 1_500 // more emissions than keptOutputs, fewer than keptEmissions
-	cfg := testConfig(t)
-	cfg.MaxDevices = devices
-	cfg = cfg.withDefaults()
-	defer func(was int) { idleCloseMax = was }(idleCloseMax)
-	idleCloseMax = 4 * devices
-	e := newEngine(&cfg)
-	var seq uint64
-	batch := func(round int) {
-		at := t0.Add(time.Duration(round) * time.Hour)
-		for d := range devices {
-			r := msg(fmt.Sprintf("sensors/dev%05d/telemetry", d), fmt.Sprintf(`{"id":"%d","ts":%d,"m0":1.5}`, round, at.UnixMilli()), at)
-			seq++
-			r.Seq = seq
-			e.process(&r)
-		}
-		idle := tick(at.Add(cfg.IdleTimeout + time.Second))
-		seq++
-		idle.Seq = seq
-		e.process(&idle)
-	}
-	batch(0)
+	batch := idleBatches(t, 1_500, 1) // more emissions than keptOutputs, fewer than keptEmissions
+	e := batch(0)
 	if n := len(e.out); n <= keptOutputs || n > keptEmissions {
 		t.Fatalf("%d emissions in the first batch, want more than %d and at most %d", n, keptOutputs, keptEmissions)
 	}
