@@ -1391,3 +1391,56 @@ func TestStepReadsItsBatchASliceAtATime(t *testing.T) {
 		})
 	}
 }
+
+// releaseRecorder is Bronze noting each ReleaseThrough of the stage.
+type releaseRecorder struct {
+	*buffer.Bronze
+	calls []uint64
+}
+
+func (r *releaseRecorder) ReleaseThrough(seq uint64) {
+	r.calls = append(r.calls, seq)
+	r.Bronze.ReleaseThrough(seq)
+}
+
+// The stage releases the records it read as it goes, slice by slice, but
+// not a dead letter's until the commit has written it: the dead letter's
+// topic is the record's. What it wrote is intact although Bronze reused
+// the arenas released before it.
+func TestStageReleasesRecordsButPendingDeadLetters(t *testing.T) {
+	src := &releaseRecorder{Bronze: openBronze(t, "")}
+	var recs []buffer.Record
+	at := t0
+	for i := range 2500 {
+		r := msg(fmt.Sprintf("sensors/dev%03d/telemetry", i%100), fmt.Sprintf(`{"id":"%d","ts":%d,"m0":1}`, i, at.UnixMilli()), at)
+		if i == 1999 {
+			r.Topic = "nowhere/dev007/x" // matches no subscription: a dead letter
+		}
+		recs = append(recs, r)
+	}
+	appendAll(t, src.Bronze, recs)
+	cfg := testConfig(t)
+	cfg.MaxRecordsPerBatch = 3000 // one Step, three slices
+	db := openDB(t, "", true)
+	s, err := New(db, src, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Step()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Records != 2500 || res.DeadLetters != 1 {
+		t.Fatalf("step: %d records, %d dead letters; want 2500 and 1", res.Records, res.DeadLetters)
+	}
+	want := []uint64{1024, 1999, 1999, 2500} // after each slice, then after the commit
+	if !slices.Equal(src.calls, want) {
+		t.Fatalf("released through %v, want %v", src.calls, want)
+	}
+	// Reuse the released arenas, then read what the commit wrote.
+	appendAll(t, src.Bronze, recs)
+	dead := readDead(t, db)
+	if len(dead) != 1 || dead[0].Seq != 2000 || dead[0].Topic != "nowhere/dev007/x" {
+		t.Fatalf("dead letters %+v, want one of seq 2000 on topic nowhere/dev007/x", dead)
+	}
+}
