@@ -1072,12 +1072,22 @@ func (e *engine) snapshot(w *window, rev uint32) emission {
 // aggregate is em's wire form, with the configured aggregates only; its
 // figures point into em.
 func (e *engine) aggregate(em *emission) wire.Aggregate {
+	return e.aggregateKeyed(em, wire.AggregateKey(e.cfg.Gateway, em.ser.dev.name, em.ser.name, em.start, em.rev))
+}
+
+// appendKey appends em's wire.AggregateKey to dst.
+func (e *engine) appendKey(dst []byte, em *emission) []byte {
+	return wire.AppendAggregateKey(dst, e.cfg.Gateway, em.ser.dev.name, em.ser.name, em.start, em.rev)
+}
+
+// aggregateKeyed is aggregate with its key made by the caller.
+func (e *engine) aggregateKeyed(em *emission, key string) wire.Aggregate {
 	ser := em.ser
 	a := wire.Aggregate{
 		Device: ser.dev.name, Metric: ser.name,
 		Start: em.start, End: em.start + e.sizeMs,
 		Count: em.count, Rev: em.rev, ProcTime: em.ptime,
-		Key: wire.AggregateKey(e.cfg.Gateway, ser.dev.name, ser.name, em.start, em.rev),
+		Key: key,
 	}
 	v := &em.vals
 	if e.aggs.sum {

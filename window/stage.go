@@ -46,6 +46,7 @@ type Stage struct {
 	stale  bool
 	encBuf []byte         // an aggregate's encoding on its way to the outbox
 	agg    wire.Aggregate // an aggregate on its way to encBuf
+	keyBuf []byte         // agg's key (see writeOutputs)
 	// arena holds the values of the write transaction in progress (outbox,
 	// late and dead-letter rows, a checkpoint's rows); it is reset when
 	// one begins.

@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"unsafe"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -504,8 +505,10 @@ func (s *Stage) writeOutputs(tx *bolt.Tx) error {
 			a = e.detachedAggregate(*em)
 		} else {
 			// One for the batch: a local would escape, an allocation
-			// per emission.
-			s.agg = e.aggregate(em)
+			// per emission. So would its key, a string only until the
+			// encoding below copies it (2 % of load mode's allocations).
+			s.keyBuf = e.appendKey(s.keyBuf[:0], em)
+			s.agg = e.aggregateKeyed(em, unsafe.String(unsafe.SliceData(s.keyBuf), len(s.keyBuf)))
 			a = &s.agg
 		}
 		s.encBuf = wire.AppendAggregate(s.encBuf[:0], a)

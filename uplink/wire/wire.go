@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 
 	"github.com/fxamacker/cbor/v2"
@@ -98,20 +97,17 @@ type Alert struct {
 // on the wire, against 25.0 with gateway/device/metric/start/rev first in
 // the row).
 func AggregateKey(gateway, device, metric string, start int64, rev uint32) string {
-	// Built by hand, one allocation: the window stage makes one per emission.
-	var b strings.Builder
-	b.Grow(len(gateway) + len(metric) + len(device) + 36)
-	b.WriteString(gateway)
-	b.WriteByte('/')
-	b.WriteString(metric)
-	b.WriteByte('/')
-	var num [20]byte
-	b.Write(strconv.AppendInt(num[:0], start, 10))
-	b.WriteByte('/')
-	b.WriteString(device)
-	b.WriteByte('/')
-	b.Write(strconv.AppendUint(num[:0], uint64(rev), 10))
-	return b.String()
+	// One allocation: the string's.
+	return string(AppendAggregateKey(make([]byte, 0, len(gateway)+len(metric)+len(device)+36), gateway, device, metric, start, rev))
+}
+
+// AppendAggregateKey appends AggregateKey's key to dst: a writer that only
+// encodes the aggregate builds its key in a buffer it reuses.
+func AppendAggregateKey(dst []byte, gateway, device, metric string, start int64, rev uint32) []byte {
+	dst = append(append(append(dst, gateway...), '/'), metric...)
+	dst = strconv.AppendInt(append(dst, '/'), start, 10)
+	dst = append(append(append(dst, '/'), device...), '/')
+	return strconv.AppendUint(dst, uint64(rev), 10)
 }
 
 // F returns a pointer to v, for filling the optional aggregates.

@@ -206,5 +206,8 @@ func TestAggregateKeyFormat(t *testing.T) {
 		if got := wire.AggregateKey(c.gw, c.dev, c.metric, c.start, c.rev); got != c.want {
 			t.Errorf("AggregateKey(%q, %q, %q, %d, %d) = %q, want %q", c.gw, c.dev, c.metric, c.start, c.rev, got, c.want)
 		}
+		if got := wire.AppendAggregateKey([]byte("x"), c.gw, c.dev, c.metric, c.start, c.rev); string(got) != "x"+c.want {
+			t.Errorf("AppendAggregateKey(\"x\", %q, %q, %q, %d, %d) = %q, want %q", c.gw, c.dev, c.metric, c.start, c.rev, got, "x"+c.want)
+		}
 	}
 }
