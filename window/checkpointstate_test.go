@@ -5,7 +5,6 @@ import (
 	"runtime"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/edgeagent/edgeagent/buffer"
 )
@@ -155,15 +154,15 @@ func idleBatches(t *testing.T, devices, metrics int) func(round int) *engine {
 // array at once, a quarter larger, instead of growing one by appends
 // (which allocated three to four times the array per batch in load mode).
 func TestBatchOutputsAreSizedFromTheLastBatch(t *testing.T) {
-	batch := idleBatches(t, 2_500, 2)
+	batch := idleBatches(t, 1_000, 2)
 	e := batch(0)
 	n := len(e.out)
-	if n <= keptEmissions {
-		t.Fatalf("%d emissions in the first batch, want more than the %d an array keeps", n, keptEmissions)
+	if n <= keptOutputs {
+		t.Fatalf("%d emissions in the first batch, want more than the %d an array keeps", n, keptOutputs)
 	}
 	e.resetOutputs()
 	if e.out != nil {
-		t.Fatalf("an array of %d emissions was kept past the batch, more than the %d kept", cap(e.out), keptEmissions)
+		t.Fatalf("an array of %d emissions was kept past the batch, more than the %d kept", cap(e.out), keptOutputs)
 	}
 	batch(1)
 	if len(e.out) != n {
@@ -171,29 +170,5 @@ func TestBatchOutputsAreSizedFromTheLastBatch(t *testing.T) {
 	}
 	if want := n + n/4; cap(e.out) != want {
 		t.Fatalf("the second batch's array holds %d for %d emissions: want it made at once for %d, a quarter more than the first batch's", cap(e.out), n, want)
-	}
-}
-
-// A batch's array of emissions within keptEmissions serves the next batch:
-// load mode's batches of about 2,000 aggregates made one each.
-func TestSmallBatchOutputsKeepTheirArray(t *testing.T) {
-	batch := idleBatches(t, 1_500, 1) // more emissions than keptOutputs, fewer than keptEmissions
-	e := batch(0)
-	if n := len(e.out); n <= keptOutputs || n > keptEmissions {
-		t.Fatalf("%d emissions in the first batch, want more than %d and at most %d", n, keptOutputs, keptEmissions)
-	}
-	e.resetOutputs()
-	kept := unsafe.SliceData(e.out)
-	if kept == nil || len(e.out) != 0 {
-		t.Fatalf("after the batch the array is %d long at %p: want it emptied and kept", len(e.out), kept)
-	}
-	for _, em := range e.out[:cap(e.out)] {
-		if em.ser != nil {
-			t.Fatal("a kept array still points at a series")
-		}
-	}
-	batch(1)
-	if len(e.out) == 0 || unsafe.SliceData(e.out) != kept {
-		t.Fatalf("the second batch's %d emissions went into a new array, not the kept one", len(e.out))
 	}
 }

@@ -1340,11 +1340,10 @@ func (e *engine) forgetTombstonesBy(cut int64) {
 // aggregates, 1.8 MB of array that stayed live between batches.
 func (e *engine) resetOutputs() {
 	e.outHint = 0
-	if cap(e.out) > keptEmissions {
+	if cap(e.out) > keptOutputs {
 		e.outHint = len(e.out) + len(e.out)/4 // room for a somewhat larger batch
-		e.out = nil
 	}
-	e.out = emptied(e.out)
+	e.out = resetSlice(e.out)
 	e.lates = resetSlice(e.lates)
 	e.dls = resetSlice(e.dls)
 	e.revsDirty = false
@@ -1352,12 +1351,6 @@ func (e *engine) resetOutputs() {
 
 // keptOutputs is the capacity up to which an output slice is reused.
 const keptOutputs = 1024
-
-// keptEmissions is keptOutputs for the emissions, larger: a load-mode
-// batch emits about 2,000 aggregates (10,000 devices), and an array made
-// for each was 8 % of all the agent allocated. Kept, the array is at most
-// 360 KB (88 bytes an emission); a catch-up batch's larger one still goes.
-const keptEmissions = 4096
 
 func resetSlice[T any](s []T) []T {
 	if cap(s) > keptOutputs {
