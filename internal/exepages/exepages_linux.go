@@ -16,6 +16,9 @@ var (
 	errNoRange = errors.New("a range or offset in /proc/self/smaps is not hex")
 	errDrop    = errors.New("madvise refused a range of the executable")
 	errEvict   = errors.New("posix_fadvise(POSIX_FADV_DONTNEED) refused a range of the executable")
+	// errDisagree: an emulator's /proc (qemu-user 7.2 passes smaps through
+	// from the host, at the host's addresses, but emulates maps).
+	errDisagree = errors.New("/proc/self/smaps and /proc/self/maps list the executable's mappings differently; its pages are left alone")
 )
 
 // Pages is the executable's clean read-only mappings: its code, and its
@@ -35,7 +38,7 @@ type Pages struct {
 // If Find fails, the first Drop returns its error (and drops what Find
 // read before it).
 func Find() *Pages {
-	p, err := find("/proc/self/smaps")
+	p, err := find("/proc/self/smaps", "/proc/self/maps")
 	p.err = err
 	return p
 }
@@ -131,13 +134,31 @@ func (p *Pages) private(at, n uintptr) bool {
 // Such a page (one the dynamic loader relocated, RELRO; a breakpoint) is
 // not a copy of the file, and dropping it would bring the file's bytes
 // back. With an error, it returns the mappings read before it, all valid.
-func find(smaps string) (*Pages, error) {
+//
+// Each of the executable's mappings in smaps must be in maps (the same
+// range, permissions and offset), or find keeps none. Under qemu-user
+// 7.2, smaps is the host's, its addresses shifted by the emulator's base,
+// and maps the guest's: madvise on smaps' ranges reached the first page
+// of the executable's writable data, which went back to the file's bytes
+// (the runtime's poller lost its descriptor, and the agent could not
+// listen). The kernel lists the same mappings in both.
+func find(smaps, maps string) (*Pages, error) {
 	p := &Pages{}
 	exe, err := os.Readlink("/proc/self/exe")
 	if err != nil {
 		return p, err
 	}
 	exe = " " + exe // how its mappings' first lines end
+	m, err := os.ReadFile(maps)
+	if err != nil {
+		return p, err
+	}
+	listed := map[string]bool{}
+	for _, line := range strings.Split(string(m), "\n") {
+		if f := strings.Fields(line); len(f) >= 6 && strings.HasSuffix(line, exe) {
+			listed[f[0]+" "+f[1]+" "+f[2]] = true
+		}
+	}
 	b, err := os.ReadFile(smaps)
 	if err != nil {
 		return p, err
@@ -160,6 +181,8 @@ func find(smaps string) (*Pages, error) {
 			}
 			p.ranges = append(p.ranges, uintptr(start), uintptr(end-start), code, offset)
 			candidate = ""
+		case len(fields) >= 6 && strings.HasSuffix(line, exe) && !listed[fields[0]+" "+fields[1]+" "+fields[2]]:
+			return &Pages{}, errDisagree
 		case len(fields) >= 6 && strings.HasSuffix(line, exe) && (fields[1] == "r-xp" || fields[1] == "r--p"): // its first line
 			off, err := strconv.ParseUint(fields[2], 16, 64)
 			if err != nil {
