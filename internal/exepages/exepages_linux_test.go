@@ -39,6 +39,17 @@ func mapped(t *testing.T, pagemap *os.File, addr uintptr) bool {
 func readOnly(t *testing.T) *Pages {
 	t.Helper()
 	p := Find()
+	if p.err == errDisagree {
+		// qemu-user 7.2 (make test-armv7): smaps is the host's. Find
+		// must then keep nothing, and the first Drop say why.
+		if len(p.ranges) != 0 {
+			t.Fatalf("smaps and maps disagree, yet Find kept %#x", p.ranges)
+		}
+		if err := p.Drop(false); err != errDisagree {
+			t.Fatalf("first Drop where smaps and maps disagree: %v, want %v", err, errDisagree)
+		}
+		t.Skip("smaps and maps list the executable differently here (an emulator): nothing to drop")
+	}
 	if p.err != nil {
 		t.Fatal(p.err)
 	}
