@@ -400,7 +400,8 @@ func (b *Bronze) newArena(size, n int) ([]byte, []int) {
 // any more (nor strings or slices of them): their memory may be reused.
 // Until the first call nothing is reused, so a reader that never calls it
 // keeps Read's promise that records stay valid as long as they are kept.
-// The window stage calls it after each commit.
+// The window stage calls it after each slice of records it processed and
+// after each commit.
 func (b *Bronze) ReleaseThrough(seq uint64) {
 	b.tailMu.Lock()
 	b.recycle.release(seq)
@@ -440,12 +441,18 @@ func (r *arenaRecycler) left(c tailChunk) {
 	if !r.on || cap(c.arena) > maxSpareBytes || len(c.ends) == 0 {
 		return
 	}
-	if len(r.spent) == maxSpent {
-		clear(r.spent[:1])
-		r.spent = append(r.spent[:0], r.spent[1:]...)
-	}
-	r.spent = append(r.spent, c)
+	r.spent = appendBounded(r.spent, c, maxSpent)
 	r.release(r.released)
+}
+
+// appendBounded appends c to list, dropping the oldest first when list
+// already holds max.
+func appendBounded(list []tailChunk, c tailChunk, max int) []tailChunk {
+	if len(list) == max {
+		clear(list[:1])
+		list = append(list[:0], list[1:]...)
+	}
+	return append(list, c)
 }
 
 // release makes the spent arenas whose records all are at or below seq
@@ -459,11 +466,7 @@ func (r *arenaRecycler) release(seq uint64) {
 			kept = append(kept, c)
 			continue
 		}
-		if len(r.spare) == maxSpare {
-			clear(r.spare[:1])
-			r.spare = append(r.spare[:0], r.spare[1:]...)
-		}
-		r.spare = append(r.spare, tailChunk{arena: c.arena[:0], ends: c.ends[:0]})
+		r.spare = appendBounded(r.spare, tailChunk{arena: c.arena[:0], ends: c.ends[:0]}, maxSpare)
 	}
 	clear(r.spent[len(kept):])
 	r.spent = kept

@@ -105,31 +105,44 @@ func TestReadFromTailMatchesStore(t *testing.T) {
 	sameRecords(t, "after reopen", got, readStored(t, b, total-10, 100))
 }
 
-// TestTailRecordsOutliveEviction: records read from the tail alias its
-// arenas, strings included; they stay intact after the tail dropped those
-// arenas and later appends and collections ran.
-func TestTailRecordsOutliveEviction(t *testing.T) {
+// openHoldingFirstAppend opens a Bronze log in a temporary directory,
+// appends the first 100 of src (benchRecords(1000)) in one append and
+// reads them back from the tail: held, and want as bbolt stores them.
+func openHoldingFirstAppend(t *testing.T) (b *Bronze, src, held, want []Record) {
+	t.Helper()
 	b, err := Open(filepath.Join(t.TempDir(), "bronze.db"), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.Close()
-	src := benchRecords(1000)
+	t.Cleanup(func() { b.Close() })
+	src = benchRecords(1000)
 	if err := b.Append(src[:100]); err != nil {
 		t.Fatal(err)
 	}
-	held, err := b.Read(1, 100)
-	if err != nil {
+	if held, err = b.Read(1, 100); err != nil {
 		t.Fatal(err)
 	}
-	want := readStored(t, b, 1, 100)
+	return b, src, held, readStored(t, b, 1, 100)
+}
+
+// otherRecords is a copy of recs with other topics and payloads of the
+// same sizes.
+func otherRecords(recs []Record) []Record {
+	recs = append([]Record(nil), recs...)
+	for i := range recs {
+		recs[i].Topic = fmt.Sprintf("other/%d/x", i)
+		recs[i].Payload = bytes.Repeat([]byte{'z'}, len(recs[i].Payload))
+	}
+	return recs
+}
+
+// TestTailRecordsOutliveEviction: records read from the tail alias its
+// arenas, strings included; they stay intact after the tail dropped those
+// arenas and later appends and collections ran.
+func TestTailRecordsOutliveEviction(t *testing.T) {
+	b, src, held, want := openHoldingFirstAppend(t)
 	for b.tail[0].first == 1 { // push the first chunk out of the tail
-		recs := append([]Record(nil), src...)
-		for i := range recs {
-			recs[i].Topic = fmt.Sprintf("other/%d/x", i)
-			recs[i].Payload = bytes.Repeat([]byte{'z'}, len(recs[i].Payload))
-		}
-		if err := b.Append(recs); err != nil {
+		if err := b.Append(otherRecords(src)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -141,30 +154,10 @@ func TestTailRecordsOutliveEviction(t *testing.T) {
 // later Append only once every record in it is released, and the records
 // read from the reused arena are the new ones, intact.
 func TestReleasedArenasAreReused(t *testing.T) {
-	b, err := Open(filepath.Join(t.TempDir(), "bronze.db"), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	src := benchRecords(1000)
-	if err := b.Append(src[:100]); err != nil {
-		t.Fatal(err)
-	}
+	b, src, held, want := openHoldingFirstAppend(t)
 	first := unsafe.SliceData(b.tail[0].arena)
-	held, err := b.Read(1, 100)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := readStored(t, b, 1, 100)
 	b.ReleaseThrough(99) // the last record is still held
-	other := func(n int) []Record {
-		recs := append([]Record(nil), src[:n]...)
-		for i := range recs {
-			recs[i].Topic = fmt.Sprintf("other/%d/x", i)
-			recs[i].Payload = bytes.Repeat([]byte{'z'}, len(recs[i].Payload))
-		}
-		return recs
-	}
+	other := func(n int) []Record { return otherRecords(src[:n]) }
 	appendOther := func(n int) {
 		t.Helper()
 		if err := b.Append(other(n)); err != nil {
