@@ -2,14 +2,17 @@ package window
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math/rand/v2"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/edgeagent/edgeagent/internal/boltkv"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -320,3 +323,93 @@ func TestCutCheckpointsKeepTheCommittedState(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckpointTransactionsBoundChangedPages: a sweep deletes rows for a
+// few bytes of keys each, so chunkBytes alone let one transaction change a
+// page for every row; its commit reads each changed page's old copy
+// through the map (with the kernel's fault-around, 64 KiB each), and one
+// such commit mapped 22 MiB of the state file in load mode. The writer
+// also commits once chunkNodes pages are changed, and the sweep still
+// deletes every key and nothing else.
+func TestCheckpointTransactionsBoundChangedPages(t *testing.T) {
+	db := openDB(t, "", true)
+	bucket := []byte("rows")
+	value := bytes.Repeat([]byte("v"), 500)
+	const rows = 8_000 // about 4 MB, seven rows a leaf page
+	err := db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucket(bucket)
+		if err != nil {
+			return err
+		}
+		for i := range rows {
+			if err := b.Put(rowKey(i), value); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sweep [][]byte
+	for i := 0; i < rows; i += 8 { // one row a page or so
+		sweep = append(sweep, rowKey(i))
+	}
+
+	nodes := func() int64 { // pages changed by the committed transactions
+		st := db.Stats()
+		return st.TxStats.GetNodeCount()
+	}
+	var perTx []int64
+	last := nodes()
+	endOfTx := func() {
+		n := nodes()
+		perTx = append(perTx, n-last)
+		last = n
+	}
+	afterChunk = func(int) error {
+		endOfTx()
+		return nil
+	}
+	defer func() { afterChunk = nil }()
+	old := chunkNodes
+	chunkNodes = 32
+	defer func() { chunkNodes = old }()
+	w := &chunkWriter{db: db, log: slog.New(slog.DiscardHandler), ar: &boltkv.Arena{}}
+	if err := w.begin(); err != nil {
+		t.Fatal(err)
+	}
+	defer w.abort()
+	if err := sweepGroups(w, bucket, sweep); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.commit(); err != nil {
+		t.Fatal(err)
+	}
+	endOfTx()
+
+	// A delete changes its leaf and, the first time, the branches above
+	// it: a transaction ends within a few pages of the bound.
+	if min := len(sweep) / 32; len(perTx) < min {
+		t.Errorf("%d deletes a page apart in %d transactions, want at least %d", len(sweep), len(perTx), min)
+	}
+	for i, n := range perTx {
+		if n > 32+8 {
+			t.Errorf("transaction %d changed %d pages, want at most %d", i, n, 32+8)
+		}
+	}
+	err = db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucket)
+		for i := range rows {
+			if got, want := b.Get(rowKey(i)) != nil, i%8 != 0; got != want {
+				return fmt.Errorf("row %d present %v, want %v", i, got, want)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Error(err)
+	}
+}
+
+func rowKey(i int) []byte { return binary.BigEndian.AppendUint32(nil, uint32(i)) }

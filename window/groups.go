@@ -592,6 +592,15 @@ type chunkWriter struct {
 // tests can split small checkpoints.
 var chunkBytes = 256 << 10
 
+// chunkNodes bounds the pages one transaction of a checkpoint changes
+// (bbolt's nodes). Its commit reads every changed page's old copy through
+// the map, and the kernel's fault-around maps each with up to 15 cached
+// neighbours: a checkpoint that sweeps expired groups deletes thousands of
+// rows for a few bytes of keys each, and one such commit mapped 22 MiB of
+// the state file at once (load mode, 10,000 devices). 64 pages keep a
+// commit's pages near 4 MiB. It is a variable only so tests can set it.
+var chunkNodes int64 = 64
+
 // afterChunk, if set (by tests), runs after each transaction of a
 // checkpoint but its last commits; an error fails the checkpoint there.
 var afterChunk func(chunk int) error
@@ -617,11 +626,12 @@ func (w *chunkWriter) bucket(name []byte, fill float64) *bolt.Bucket {
 	return b
 }
 
-// wrote counts n bytes written; past chunkBytes it commits the
-// transaction and begins the next.
+// wrote counts n bytes written; past chunkBytes, or once the transaction
+// changed chunkNodes pages, it commits the transaction and begins the
+// next.
 func (w *chunkWriter) wrote(n int) error {
 	w.written += n
-	if w.written < chunkBytes {
+	if st := w.tx.Stats(); w.written < chunkBytes && st.GetNodeCount() < chunkNodes {
 		if w.written>>15 != (w.written-n)>>15 { // every 32 KiB of rows; commit releases too
 			w.release()
 		}
