@@ -6,9 +6,9 @@ import (
 	"unsafe"
 )
 
-// payloadSlab copies the payloads (and topics) of PUBLISH packets out of a connection's
-// read buffer, which the next read overwrites, into chunks that are used
-// again once every record copied into them has committed. A copy of its
+// payloadSlab copies the payloads (and topics) of PUBLISH packets out of
+// a connection's read buffer, which the next read overwrites, into chunks
+// that are used again once every record copied into them has committed. A copy of its
 // own per message was the largest single source of garbage after Bronze's
 // arena: in load mode (10,000 devices, about 30,000 messages a second) 8 %
 // of what the agent allocated, and with a tight heap goal every allocated

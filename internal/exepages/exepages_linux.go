@@ -155,8 +155,8 @@ func find(smaps, maps string) (*Pages, error) {
 	}
 	listed := map[string]bool{}
 	for _, line := range strings.Split(string(m), "\n") {
-		if f := strings.Fields(line); len(f) >= 6 && strings.HasSuffix(line, exe) {
-			listed[f[0]+" "+f[1]+" "+f[2]] = true
+		if key := exeMapping(line, exe, strings.Fields(line)); key != "" {
+			listed[key] = true
 		}
 	}
 	b, err := os.ReadFile(smaps)
@@ -169,6 +169,7 @@ func find(smaps, maps string) (*Pages, error) {
 		var line string
 		line, rest, _ = strings.Cut(rest, "\n")
 		fields := strings.Fields(line)
+		key := exeMapping(line, exe, fields)
 		switch { // every mapping's lines end with Anonymous, then Swap
 		case len(fields) == 3 && fields[1] != "0" && (fields[0] == "Anonymous:" || fields[0] == "Swap:"):
 			candidate = "" // pages of its own
@@ -181,9 +182,9 @@ func find(smaps, maps string) (*Pages, error) {
 			}
 			p.ranges = append(p.ranges, uintptr(start), uintptr(end-start), code, offset)
 			candidate = ""
-		case len(fields) >= 6 && strings.HasSuffix(line, exe) && !listed[fields[0]+" "+fields[1]+" "+fields[2]]:
+		case key != "" && !listed[key]:
 			return &Pages{}, errDisagree
-		case len(fields) >= 6 && strings.HasSuffix(line, exe) && (fields[1] == "r-xp" || fields[1] == "r--p"): // its first line
+		case key != "" && (fields[1] == "r-xp" || fields[1] == "r--p"):
 			off, err := strconv.ParseUint(fields[2], 16, 64)
 			if err != nil {
 				return p, errNoRange
@@ -195,4 +196,14 @@ func find(smaps, maps string) (*Pages, error) {
 		}
 	}
 	return p, nil
+}
+
+// exeMapping returns the range, permissions and offset of the mapping
+// whose first line is line (split into fields), if it maps the executable
+// (exe is " " and its path, how such lines end), and "" otherwise.
+func exeMapping(line, exe string, fields []string) string {
+	if len(fields) < 6 || !strings.HasSuffix(line, exe) {
+		return ""
+	}
+	return fields[0] + " " + fields[1] + " " + fields[2]
 }
