@@ -59,17 +59,7 @@ func TestLoadEmbeddedShort(t *testing.T) {
 		t.Skip("a load run with the real agent")
 	}
 	t.Parallel()
-	lr, err := rig.Load(context.Background(), rig.LoadOptions{Agent: agent(t), Devices: 200, Connections: 40,
-		Duration: 3 * time.Second, CeilingDuration: 2 * time.Second, MaxRate: 4000, Embedded: true, Progress: logWriter{t}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var table strings.Builder
-	lr.WriteTable(&table)
-	t.Log(table.String())
-	if !lr.OK() {
-		t.Fatalf("load run failed: %v", lr.Failures)
-	}
+	lr, table := shortLoad(t, rig.LoadOptions{Connections: 40, MaxRate: 4000, Embedded: true})
 	if lr.Broker == lr.CeilingBroker || !strings.Contains(lr.Broker, "embedded") {
 		t.Errorf("broker %q, ceiling measured on %q: want the agent's embedded broker and a separate one", lr.Broker, lr.CeilingBroker)
 	}
@@ -83,7 +73,47 @@ func TestLoadEmbeddedShort(t *testing.T) {
 	if lr.PeakRSSLoadBytes <= 0 || lr.PeakRSSLoadBytes > lr.PeakRSSBytes {
 		t.Errorf("peak RSS %d bytes when the load ended, %d over the run: want 0 < the first <= the second", lr.PeakRSSLoadBytes, lr.PeakRSSBytes)
 	}
-	if !strings.Contains(table.String(), "include its broker's work") {
-		t.Errorf("the table does not say the agent's figures include its broker:\n%s", table.String())
+	if !strings.Contains(table, "include its broker's work") {
+		t.Errorf("the table does not say the agent's figures include its broker:\n%s", table)
 	}
+}
+
+// A paced load run (--rate) publishes on the plan's schedule, no faster,
+// and judges durable ingest against the rate it was offered.
+func TestLoadPacedShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a load run with the real agent")
+	}
+	t.Parallel()
+	const paced = 1000
+	lr, table := shortLoad(t, rig.LoadOptions{Connections: 4, Rate: paced})
+	// Unpaced, these 3,000 messages go out in a fraction of a second.
+	if lr.PacedRate != paced || lr.Offered.Count == 0 || lr.Offered.PerSecond > 1.25*paced {
+		t.Errorf("paced at %d msgs/s, offered %d messages at %.0f msgs/s: want the publishers held to %d msgs/s", lr.PacedRate, lr.Offered.Count, lr.Offered.PerSecond, paced)
+	}
+	if len(lr.Targets) == 0 || !strings.Contains(lr.Targets[0].Name, "of the paced rate") {
+		t.Errorf("rate target %+v: want it judged against the paced rate", lr.Targets)
+	}
+	if !strings.Contains(table, "paced at 1000 msgs/s") {
+		t.Errorf("the table does not say the publishers were paced:\n%s", table)
+	}
+}
+
+// shortLoad runs o as a short load run of 200 devices for 3s (a 2s
+// ceiling) with the real agent, logs its table and fails t unless every
+// window arrived right.
+func shortLoad(t *testing.T, o rig.LoadOptions) (*rig.LoadReport, string) {
+	t.Helper()
+	o.Agent, o.Devices, o.Duration, o.CeilingDuration, o.Progress = agent(t), 200, 3*time.Second, 2*time.Second, logWriter{t}
+	lr, err := rig.Load(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table strings.Builder
+	lr.WriteTable(&table)
+	t.Log(table.String())
+	if !lr.OK() {
+		t.Fatalf("load run failed: %v", lr.Failures)
+	}
+	return lr, table.String()
 }

@@ -482,7 +482,7 @@ func (s *Stage) Step() (StepResult, error) {
 			}
 			return res, fmt.Errorf("window batch: %w", err)
 		}
-		if !more || records >= s.cfg.MaxRecordsPerBatch || held >= buffer.ReadMaxBytes {
+		if !more || records >= s.cfg.MaxRecordsPerBatch || held >= buffer.ReadMaxBytes || len(e.out) >= maxBatchEmissions {
 			break
 		}
 	}
@@ -548,6 +548,14 @@ func (s *Stage) checkpointDue() bool {
 
 // readSlice is how many records a Step reads at a time (see Step).
 const readSlice = 1024
+
+// maxBatchEmissions ends a batch after the slice whose records took its
+// emissions to this many. A batch holds its emissions, and the outbox rows
+// and bbolt pages they become, until its commit: where many devices' windows
+// close together (a fleet in step; load mode's devices cross a window
+// boundary every 2.4 s), 10,000 records emitted about 20,000 aggregates and
+// the live heap rose by 6-10 MB for them.
+const maxBatchEmissions = 4096
 
 // maxDeltaRows bounds the state delta held between checkpoints. A
 // checkpoint holds its rows and the bbolt pages they touch in memory until

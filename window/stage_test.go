@@ -1444,3 +1444,50 @@ func TestStageReleasesRecordsButPendingDeadLetters(t *testing.T) {
 		t.Fatalf("dead letters %+v, want one of seq 2000 on topic nowhere/dev007/x", dead)
 	}
 }
+
+// A batch ends after the slice whose records took its emissions to
+// maxBatchEmissions: a fleet whose windows close together would otherwise
+// hold every device's aggregates, and their outbox rows, until one commit.
+// The next Step goes on where it stopped, and nothing is lost or doubled.
+func TestBatchEndsAtTheEmissionBound(t *testing.T) {
+	const devices = maxBatchEmissions + 2*readSlice
+	cfg := testConfig(t) // size 1m, delay 5s
+	cfg.MaxRecordsPerBatch = 2 * devices
+	p := newStepper(t, cfg)
+	opening := make([]buffer.Record, 0, devices)
+	closing := make([]buffer.Record, 0, devices)
+	for i := range devices {
+		dev := fmt.Sprintf("d%05d", i)
+		opening = append(opening, telemetry(dev, "1", t0.Add(10*time.Second), t0.Add(10*time.Second), float64(i)))
+		// 70s: the device's watermark passes its first window's end.
+		closing = append(closing, telemetry(dev, "2", t0.Add(70*time.Second), t0.Add(70*time.Second), 1))
+	}
+	if got := p.feed(opening...); len(got) != 0 {
+		t.Fatalf("%d aggregates emitted before any watermark passed a window's end", len(got))
+	}
+	appendAll(t, p.br, closing)
+	res, err := p.s.Step()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Emitted < maxBatchEmissions || res.Emitted >= maxBatchEmissions+readSlice || !res.More {
+		t.Fatalf("first Step emitted %d aggregates from %d records (more: %v), want the batch to end after the slice that reached %d, with more to come",
+			res.Emitted, res.Records, res.More, maxBatchEmissions)
+	}
+	first := res.Emitted
+	if res, err = p.s.Step(); err != nil {
+		t.Fatal(err)
+	}
+	if res.Emitted != devices-first || res.Records != devices-first {
+		t.Fatalf("second Step emitted %d aggregates from %d records, want the %d left", res.Emitted, res.Records, devices-first)
+	}
+	got := upsert(t, decodeOutbox(t, p.db))
+	if len(got) != devices {
+		t.Fatalf("%d windows in the outbox, want one for each of the %d devices", len(got), devices)
+	}
+	for _, a := range got {
+		if a.Rev != 1 || a.Count != 1 {
+			t.Fatalf("aggregate %s, want revision 1 of one reading", show(a))
+		}
+	}
+}
