@@ -26,10 +26,10 @@ func Serve(id string, ln net.Listener) *Listener {
 }
 
 // Listener is mochi's TCP listener with a Close that ends every
-// connection it accepted before returning. mochi v2.7.9's own listener
-// closes its registered clients before it stops accepting, so a client
-// reconnecting during Close (an agent, after a broker restart) can be
-// accepted and never closed: Close then waits for it forever (or, in the
+// connection it accepted before returning, without mochi's help (see
+// Close). mochi v2.7.9's own listener closes its registered clients
+// before it stops accepting, so a client reconnecting during Close (an
+// agent, after a broker restart) can be accepted and never closed: Close then waits for it forever (or, in the
 // agent, until its close timeout), and its WaitGroup.Add races with
 // Close's Wait (both seen under -race in CI).
 type Listener struct {
@@ -123,11 +123,19 @@ func (l *Listener) isClosed() bool {
 	return l.closed
 }
 
-// Close stops accepting, lets mochi close its clients, closes whatever
-// connection is still open (one mochi had not registered yet), and waits
+// Close stops accepting, closes every connection it accepted and waits
 // until every establish call has returned, so mochi's own wait that
 // follows finds nothing to wait for.
-func (l *Listener) Close(closeClients listeners.CloseFn) {
+//
+// It does not call closeClients (mochi's closeListenerClients): in mochi
+// v2.7.9 it takes the clients' read lock twice (Clients.GetByListener
+// calls Len under its RLock), and a client leaving or arriving between
+// the two (its Delete or Add waiting for the write lock) blocks the second
+// one for good: a test's broker hung in its Close for nine minutes in CI.
+// Ending the connections does what it would have done for each client
+// (its read fails, mochi sends its will and drops an expiring session);
+// only MQTT 5 clients miss the DISCONNECT with "server shutting down".
+func (l *Listener) Close(listeners.CloseFn) {
 	l.mu.Lock()
 	already := l.closed
 	l.closed = true
@@ -138,7 +146,6 @@ func (l *Listener) Close(closeClients listeners.CloseFn) {
 	if l.listener != nil {
 		_ = l.listener.Close() // ends Serve's Accept; nothing to recover
 	}
-	closeClients(l.id)
 	l.mu.Lock()
 	for conn := range l.conns {
 		_ = conn.Close() // the connection is being torn down either way

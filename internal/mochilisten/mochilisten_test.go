@@ -47,6 +47,27 @@ func startBroker(t *testing.T, l *Listener) *mochi.Server {
 // session.
 var connectPacket = []byte{0x10, 13, 0, 4, 'M', 'Q', 'T', 'T', 4, 0x02, 0, 60, 0, 1, 'c'}
 
+// connectClient dials addr, sends connectPacket and reads the CONNACK.
+func connectClient(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if _, err := c.Write(connectPacket); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	connack := make([]byte, 4)
+	if _, err := io.ReadFull(c, connack); err != nil || connack[0] != 0x20 {
+		t.Fatalf("CONNACK: % x, %v", connack, err)
+	}
+	return c
+}
+
 // TestCloseEndsEveryConnection: a connection that never sent CONNECT (so
 // mochi never registered it) and clients connecting while Close runs
 // must not keep Close waiting. With mochi's own TCP listener the first
@@ -60,21 +81,7 @@ func TestCloseEndsEveryConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer silent.Close()
-	registered, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer registered.Close()
-	if _, err := registered.Write(connectPacket); err != nil {
-		t.Fatal(err)
-	}
-	connack := make([]byte, 4)
-	if err := registered.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.ReadFull(registered, connack); err != nil || connack[0] != 0x20 {
-		t.Fatalf("CONNACK: % x, %v", connack, err)
-	}
+	registered := connectClient(t, addr)
 
 	// Clients that keep reconnecting, as an agent does after a restart.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -125,6 +132,36 @@ func TestCloseEndsEveryConnection(t *testing.T) {
 	}
 }
 
+// Close ends its connections itself and never waits on mochi's
+// closeListenerClients, which in mochi v2.7.9 can block for good (two
+// read locks with a client's Delete waiting between them): here it
+// blocks for as long as the test runs.
+func TestCloseDoesNotWaitOnMochisClientClose(t *testing.T) {
+	addr := freeAddr(t)
+	l := Listen("tcp", addr)
+	srv := startBroker(t, l)
+	defer srv.Close()
+	c := connectClient(t, addr)
+	stuck := make(chan struct{})
+	defer close(stuck)
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		l.Close(func(string) { <-stuck })
+	}()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close still waiting after 10 s on mochi's closing of its clients")
+	}
+	if err := c.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadAll(c); err != nil {
+		t.Fatalf("the client's connection was not ended by Close: %v", err)
+	}
+}
+
 // failingListener fails its first accepts as a process out of file
 // descriptors does.
 type failingListener struct {
@@ -150,21 +187,7 @@ func TestServeOutlastsTransientAcceptErrors(t *testing.T) {
 	fl.failures.Store(3)
 	srv := startBroker(t, Serve("tcp", fl))
 	defer srv.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := c.Write(connectPacket); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	connack := make([]byte, 4)
-	if _, err := io.ReadFull(c, connack); err != nil || connack[0] != 0x20 {
-		t.Fatalf("CONNACK after %d failed accepts: % x, %v", 3, connack, err)
-	}
+	connectClient(t, ln.Addr().String()) // served after the failed accepts
 	if n := fl.failures.Load(); n >= 0 {
 		t.Fatalf("%d accept failures left: the listener never got past them", n+1)
 	}
