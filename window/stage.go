@@ -72,8 +72,8 @@ type StepResult struct {
 	Offset uint64
 	// Blocked is true when the outbox was over its bound and nothing was consumed.
 	Blocked bool
-	// More is true when the read stopped at the batch's bound (records or
-	// bytes), so Bronze may hold more right away.
+	// More is true when the read stopped at the batch's bound (records,
+	// bytes or aggregates), so Bronze may hold more right away.
 	More     bool
 	Duration time.Duration
 }

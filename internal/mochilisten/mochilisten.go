@@ -29,9 +29,10 @@ func Serve(id string, ln net.Listener) *Listener {
 // connection it accepted before returning, without mochi's help (see
 // Close). mochi v2.7.9's own listener closes its registered clients
 // before it stops accepting, so a client reconnecting during Close (an
-// agent, after a broker restart) can be accepted and never closed: Close then waits for it forever (or, in the
-// agent, until its close timeout), and its WaitGroup.Add races with
-// Close's Wait (both seen under -race in CI).
+// agent, after a broker restart) can be accepted and never closed: Close
+// then waits for it forever (or, in the agent, until its close timeout),
+// and its WaitGroup.Add races with Close's Wait (both seen under -race in
+// CI).
 type Listener struct {
 	id, addr string
 
