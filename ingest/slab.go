@@ -10,11 +10,12 @@ import (
 // a connection's read buffer, which the next read overwrites, into chunks
 // that are used again once every record copied into them has committed.
 // A copy of its own per message was the largest single source of garbage
-// after Bronze's arena: in load mode (10,000 devices, about 30,000
-// messages a second) 8 % of what the agent allocated, and with a tight
-// heap goal every allocated byte brings the next collection nearer. Bronze encodes the records into
-// its own arena, so nothing reads a payload after its commit; the
-// committer releases the batch's chunks then (payloadSlab.release).
+// after Bronze's arena: in load mode (10,000 devices, about 30,000 messages
+// a second) 8 % of what the agent allocated, and with a tight heap goal
+// every allocated byte brings the next collection nearer. Bronze encodes
+// the records into its own arena, so nothing reads a payload after its
+// commit; the committer releases the batch's chunks then
+// (payloadSlab.release).
 //
 // A record that is never released (ingest stopped before its commit) only
 // keeps its chunk from being used again: the collector frees it.
