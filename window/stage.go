@@ -57,8 +57,9 @@ type Stage struct {
 	gateHeld, floorFailing bool
 	capLogged              bool // the device cap was hit and logged; cleared by a batch without
 
-	statsMu sync.Mutex
-	stats   Stats
+	statsMu     sync.Mutex
+	checkpoints [len(checkpointReasons)]uint64 // by checkpointReason, under statsMu
+	stats       Stats
 }
 
 // StepResult describes one micro-batch.
@@ -133,6 +134,32 @@ type Stats struct {
 	Failing   bool
 	LastError string
 	Failures  uint64
+	// Checkpoints counts the checkpoints this process wrote, by what made
+	// them due (checkpointReasons): under a heavy load the delta's bound,
+	// not the interval, sets how often the state is written.
+	Checkpoints map[string]uint64
+}
+
+// checkpointReason is why a commit also writes the state delta.
+type checkpointReason uint8
+
+const (
+	noCheckpoint checkpointReason = iota
+	checkpointInterval
+	checkpointDelta    // the delta reached maxDeltaRows
+	checkpointCaughtUp // a replay after a restart caught up
+	checkpointBronzeFull
+	checkpointStop // shutdown, Flush (run --once)
+)
+
+// checkpointReasons name the reasons in Stats.Checkpoints and the
+// edgeagent_window_checkpoints_total metric.
+var checkpointReasons = [...]string{
+	checkpointInterval:   "interval",
+	checkpointDelta:      "delta",
+	checkpointCaughtUp:   "caught_up",
+	checkpointBronzeFull: "bronze_full",
+	checkpointStop:       "stop",
 }
 
 // New validates cfg, creates the stage's buckets (and the outbox's), checks
@@ -490,8 +517,8 @@ func (s *Stage) Step() (StepResult, error) {
 		// Records processed since the checkpoint keep their room in Bronze
 		// until it moves; when Bronze is full no new record comes to carry
 		// a checkpoint, so an idle Step writes the one that is due.
-		if e.offset > s.checkpointOffset && s.checkpointDue() {
-			if err := s.commit(true); err != nil {
+		if ck := s.checkpointDue(); e.offset > s.checkpointOffset && ck != noCheckpoint {
+			if err := s.commit(ck); err != nil {
 				return res, err
 			}
 		}
@@ -527,23 +554,26 @@ func (s *Stage) Step() (StepResult, error) {
 }
 
 // checkpointDue says whether this batch's commit also writes the state
-// delta: every CheckpointInterval, when the delta has grown large, when a
-// replay has caught up, and when Bronze is full (its retention waits for
-// the checkpoint).
-func (s *Stage) checkpointDue() bool {
+// delta, and why: every CheckpointInterval, when the delta has grown large,
+// when a replay has caught up, and when Bronze is full (its retention waits
+// for the checkpoint).
+func (s *Stage) checkpointDue() checkpointReason {
 	e := s.eng
 	if e.deltaSize() >= maxDeltaRows {
-		return true
+		return checkpointDelta
 	}
 	// A replay after a restart has just caught up: checkpoint at once, so
 	// that restarts more frequent than the interval still make progress.
 	if e.suppressThrough > s.checkpointOffset && e.offset >= e.suppressThrough {
-		return true
+		return checkpointCaughtUp
 	}
 	if f, ok := s.src.(interface{ Full() bool }); ok && f.Full() {
-		return true
+		return checkpointBronzeFull
 	}
-	return s.cfg.Clock().Sub(s.checkpointAt) >= s.cfg.CheckpointInterval
+	if s.cfg.Clock().Sub(s.checkpointAt) >= s.cfg.CheckpointInterval {
+		return checkpointInterval
+	}
+	return noCheckpoint
 }
 
 // readSlice is how many records a Step reads at a time (see Step).
@@ -568,11 +598,12 @@ const maxBatchEmissions = 2048
 // a quarter more CPU.
 const maxDeltaRows = 100_000
 
-// commit writes the batch's outputs and, with checkpoint, the state delta;
-// on failure the in-memory state is reloaded from the last checkpoint, and
-// the batch is redone by the next Step.
-func (s *Stage) commit(checkpoint bool) error {
+// commit writes the batch's outputs and, unless ck is noCheckpoint, the
+// state delta; on failure the in-memory state is reloaded from the last
+// checkpoint, and the batch is redone by the next Step.
+func (s *Stage) commit(ck checkpointReason) error {
 	e := s.eng
+	checkpoint := ck != noCheckpoint
 	lateEvicted, deadEvicted := e.c.LateEvicted, e.c.DeadEvicted
 	rows := e.deltaSize()
 	collect := checkpoint && !s.cfg.HeapPaced && collectAround(rows, heapLive())
@@ -617,6 +648,9 @@ func (s *Stage) commit(checkpoint bool) error {
 		e.resetDelta()
 		s.checkpointAt, s.checkpointOffset = s.cfg.Clock(), e.offset
 		s.src.SetCheckpoint(e.offset)
+		s.statsMu.Lock()
+		s.checkpoints[ck]++
+		s.statsMu.Unlock()
 		if collect {
 			// Twice: bbolt returned the commit's page buffers to its
 			// sync.Pool, which a collection only moves to the pool's
@@ -717,7 +751,7 @@ func (s *Stage) checkpointNow() error {
 	if s.eng.deltaSize() == 0 && s.eng.offset == s.checkpointOffset {
 		return nil
 	}
-	return s.commit(true)
+	return s.commit(checkpointStop)
 }
 
 func (s *Stage) setBlocked(b bool) {
@@ -752,7 +786,7 @@ func (s *Stage) Flush() error {
 	// Flushed revisions depend on when Flush runs, which a replay cannot
 	// reproduce: they go out with a checkpoint.
 	s.eng.flushPending()
-	if err := s.commit(true); err != nil {
+	if err := s.commit(checkpointStop); err != nil {
 		return err
 	}
 	s.publish(StepResult{Offset: s.eng.offset}, false)
@@ -901,6 +935,12 @@ func (s *Stage) Stats() Stats {
 	st.DeadLetters = make(map[string]uint64, len(s.stats.DeadLetters))
 	for k, v := range s.stats.DeadLetters {
 		st.DeadLetters[k] = v
+	}
+	st.Checkpoints = make(map[string]uint64, len(checkpointReasons)-1)
+	for ck, name := range checkpointReasons {
+		if name != "" {
+			st.Checkpoints[name] = s.checkpoints[ck]
+		}
 	}
 	s.statsMu.Unlock()
 	if !st.LatestEventTime.IsZero() {

@@ -1491,3 +1491,39 @@ func TestBatchEndsAtTheEmissionBound(t *testing.T) {
 		}
 	}
 }
+
+// Checkpoints are counted by what made them due: the interval on the
+// stage's clock, a stop; none while neither holds, and none for a stop
+// with nothing to write.
+func TestCheckpointsCountedByReason(t *testing.T) {
+	now := t0
+	cfg := testConfig(t)
+	cfg.Clock = func() time.Time { return now }
+	cfg.CheckpointInterval = 10 * time.Second
+	p := newStepper(t, cfg)
+	want := map[string]uint64{"interval": 0, "delta": 0, "caught_up": 0, "bronze_full": 0, "stop": 0}
+	check := func(when string) {
+		t.Helper()
+		if got := p.s.Stats().Checkpoints; fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("%s: checkpoints %v, want %v", when, got, want)
+		}
+	}
+	p.feed(telemetry("d1", "1", t0, now, 1))
+	check("a batch before the interval passed")
+	now = now.Add(10 * time.Second)
+	p.feed(telemetry("d1", "2", t0.Add(time.Second), now, 2))
+	want["interval"] = 1
+	check("a batch once the interval passed")
+	now = now.Add(time.Second)
+	p.feed(telemetry("d1", "3", t0.Add(2*time.Second), now, 3))
+	check("a batch a second after the checkpoint")
+	if err := p.s.Checkpoint(); err != nil {
+		t.Fatal(err)
+	}
+	want["stop"] = 1
+	check("Checkpoint with a batch not yet checkpointed")
+	if err := p.s.Checkpoint(); err != nil {
+		t.Fatal(err)
+	}
+	check("Checkpoint with nothing to write")
+}

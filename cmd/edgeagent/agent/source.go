@@ -102,6 +102,7 @@ func (s *statusSource) Snapshot() status.Snapshot {
 		ProcessedTotal:         ws.Records,
 		ReadingsTotal:          ws.Readings,
 		BatchesTotal:           ws.Batches,
+		CheckpointsByReason:    ws.Checkpoints,
 		LastBatchSeconds:       ws.LastBatchDuration.Seconds(),
 		LastBatchRecords:       ws.LastBatchRecords,
 		TriggerIntervalSeconds: time.Duration(a.cfg.Processing.TriggerInterval).Seconds(),

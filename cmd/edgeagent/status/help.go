@@ -40,6 +40,7 @@ var metricHelp = map[string]string{
 	"edgeagent_window_readings_total":                 "Readings taken into windows after dedup (one a message; a reading may carry several metrics).",
 	"edgeagent_processed_records_per_second":          "Bronze records the window stage processed per second, over the last 10 seconds.",
 	"edgeagent_window_batches_total":                  "Window stage micro-batches committed.",
+	"edgeagent_window_checkpoints_total":              "State checkpoints written since the agent started, by what made them due (interval, delta, caught_up, bronze_full, stop).",
 	"edgeagent_window_batch_duration_seconds":         "Duration of the last window stage micro-batch.",
 	"edgeagent_window_trigger_interval_seconds":       "processing.trigger_interval: how often the stage runs a micro-batch.",
 	"edgeagent_window_aggregates_emitted_total":       "Window aggregates written to the outbox, revisions included.",

@@ -82,6 +82,7 @@ func WriteMetrics(w io.Writer, snap Snapshot) {
 	c("edgeagent_window_readings_total", wn.ReadingsTotal)
 	g("edgeagent_processed_records_per_second", snap.Rates.ProcessedPerSecond)
 	c("edgeagent_window_batches_total", wn.BatchesTotal)
+	labeled(w, "edgeagent_window_checkpoints_total", "counter", "reason", wn.CheckpointsByReason)
 	g("edgeagent_window_batch_duration_seconds", wn.LastBatchSeconds)
 	g("edgeagent_window_trigger_interval_seconds", wn.TriggerIntervalSeconds)
 	c("edgeagent_window_aggregates_emitted_total", wn.EmittedTotal)

@@ -88,19 +88,24 @@ type Bronze struct {
 
 // Window is the window stage.
 type Window struct {
-	ProcessedTotal         uint64  `json:"processed_total"`
-	ReadingsTotal          uint64  `json:"readings_total"`
-	BatchesTotal           uint64  `json:"batches_total"`
-	LastBatchSeconds       float64 `json:"last_batch_seconds"`
-	LastBatchRecords       int     `json:"last_batch_records"`
-	TriggerIntervalSeconds float64 `json:"trigger_interval_seconds"`
-	EmittedTotal           uint64  `json:"emitted_total"`
-	RevisionsTotal         uint64  `json:"revisions_total"`
-	OpenWindows            int     `json:"open_windows"`
-	EvictedWindows         int     `json:"evicted_windows"`
-	PendingRevisions       int     `json:"pending_revisions"`
-	DedupEntries           int     `json:"dedup_entries"`
-	Devices                int     `json:"devices"`
+	ProcessedTotal uint64 `json:"processed_total"`
+	ReadingsTotal  uint64 `json:"readings_total"`
+	BatchesTotal   uint64 `json:"batches_total"`
+	// CheckpointsByReason counts the state checkpoints since the agent
+	// started by what made them due: interval (processing.checkpoint_interval),
+	// delta (100,000 changes held), caught_up (a replay after a crash
+	// caught up), bronze_full, stop (shutdown, run --once).
+	CheckpointsByReason    map[string]uint64 `json:"checkpoints_by_reason"`
+	LastBatchSeconds       float64           `json:"last_batch_seconds"`
+	LastBatchRecords       int               `json:"last_batch_records"`
+	TriggerIntervalSeconds float64           `json:"trigger_interval_seconds"`
+	EmittedTotal           uint64            `json:"emitted_total"`
+	RevisionsTotal         uint64            `json:"revisions_total"`
+	OpenWindows            int               `json:"open_windows"`
+	EvictedWindows         int               `json:"evicted_windows"`
+	PendingRevisions       int               `json:"pending_revisions"`
+	DedupEntries           int               `json:"dedup_entries"`
+	Devices                int               `json:"devices"`
 	// Tombstones are expired devices' lateness horizons, kept for
 	// readings.max_past_skew: a fleet that keeps inventing device names
 	// grows them (64 bytes each) though no device has state.
