@@ -401,6 +401,9 @@ type Status struct {
 		DuplicatesTotal  uint64  `json:"duplicates_total"`
 		DeadLettersTotal uint64  `json:"dead_letters_total"`
 		LagSeconds       float64 `json:"lag_seconds"`
+		// CheckpointsByReason: the state checkpoints since the agent
+		// started, by what made them due.
+		CheckpointsByReason map[string]uint64 `json:"checkpoints_by_reason"`
 	} `json:"window"`
 	Outbox struct {
 		Rows             uint64  `json:"rows"`

@@ -6,12 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	paho "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/edgeagent/edgeagent/testrig/agentproc"
 	"github.com/edgeagent/edgeagent/testrig/scenario"
 	"github.com/edgeagent/edgeagent/testrig/servers"
 	"github.com/edgeagent/edgeagent/testrig/sim"
@@ -99,6 +103,35 @@ func rate(n uint64, d time.Duration) Rate {
 	return r
 }
 
+// checkpointsBetween returns the checkpoints written between two status
+// reads by reason (the reasons with none left out), or nil when the agent
+// does not report them.
+func checkpointsBetween(st0, st1 *agentproc.Status) map[string]uint64 {
+	if st0.Window.CheckpointsByReason == nil || st1.Window.CheckpointsByReason == nil {
+		return nil
+	}
+	by := map[string]uint64{}
+	for reason, n := range st1.Window.CheckpointsByReason {
+		if d := n - st0.Window.CheckpointsByReason[reason]; d > 0 {
+			by[reason] = d
+		}
+	}
+	return by
+}
+
+// reasons writes counts by reason as "delta 12, interval 1", or "none".
+func reasons(by map[string]uint64) string {
+	keys := slices.Sorted(maps.Keys(by))
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d", k, by[k])
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}
+
 // LoadReport is load mode's outcome.
 type LoadReport struct {
 	Devices     int    `json:"devices"`
@@ -128,6 +161,12 @@ type LoadReport struct {
 	// BronzeCommitMeanMs their mean duration: a slow disk shows here first.
 	BronzeCommits      *Rate   `json:"bronze_commits,omitempty"`
 	BronzeCommitMeanMs float64 `json:"bronze_commit_mean_ms,omitempty"`
+	// Checkpoints is the window stage's state checkpoints over the same
+	// span, and CheckpointsByReason what made them due: under load the
+	// bound on held changes, not processing.checkpoint_interval, sets
+	// their pace.
+	Checkpoints         *Rate             `json:"checkpoints,omitempty"`
+	CheckpointsByReason map[string]uint64 `json:"checkpoints_by_reason,omitempty"`
 	// Readings is how many messages the agent got in all.
 	Readings      uint64 `json:"readings"`
 	PlanExhausted bool   `json:"plan_exhausted"`
@@ -240,6 +279,9 @@ func (l *LoadReport) WriteTable(w io.Writer) {
 	if c := l.BronzeCommits; c != nil {
 		fmt.Fprintf(w, "  Bronze group commits             %10.0f /s  (%.0f messages each, %.1f ms mean)\n",
 			c.PerSecond, l.Ingest.PerSecond/c.PerSecond, l.BronzeCommitMeanMs)
+	}
+	if c := l.Checkpoints; c != nil {
+		fmt.Fprintf(w, "  state checkpoints                %10.2f /s  (%s)\n", c.PerSecond, reasons(l.CheckpointsByReason))
 	}
 	fmt.Fprintf(w, "  end-to-end lag (publish→cloud)   p50 %s  p99 %s\n", ms(l.LagP50Ms), ms(l.LagP99Ms))
 	fmt.Fprintf(w, "  agent peak RSS                   %s  (%s when the load ended)\n", bytesStr(l.PeakRSSBytes), bytesStr(l.PeakRSSLoadBytes))
@@ -454,6 +496,14 @@ func Load(ctx context.Context, o LoadOptions) (*LoadReport, error) {
 			c := rate(n, t1.Sub(t0))
 			lr.BronzeCommits = &c
 			lr.BronzeCommitMeanMs = (st1.Ingest.CommitSecondsTotal - st0.Ingest.CommitSecondsTotal) * 1000 / float64(n)
+		}
+		if by := checkpointsBetween(st0, st1); by != nil {
+			var n uint64
+			for _, c := range by {
+				n += c
+			}
+			c := rate(n, t1.Sub(t0))
+			lr.Checkpoints, lr.CheckpointsByReason = &c, by
 		}
 	}
 	// The publisher drains what is in flight past the deadline, so the

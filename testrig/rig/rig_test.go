@@ -443,3 +443,32 @@ func TestDemoViewOfflineCount(t *testing.T) {
 		t.Errorf("while settling: %q, %d; want none offline", words, n)
 	}
 }
+
+// The load report counts the checkpoints between its two status reads by
+// reason, leaves out reasons with none, and says nothing for an agent
+// that does not report them.
+func TestLoadCheckpointsBetweenStatusReads(t *testing.T) {
+	st := func(by map[string]uint64) *agentproc.Status {
+		s := &agentproc.Status{}
+		s.Window.CheckpointsByReason = by
+		return s
+	}
+	before := st(map[string]uint64{"interval": 2, "delta": 5, "stop": 0})
+	after := st(map[string]uint64{"interval": 2, "delta": 17, "stop": 0, "caught_up": 1})
+	got := checkpointsBetween(before, after)
+	if want := map[string]uint64{"delta": 12, "caught_up": 1}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("checkpoints %v, want %v", got, want)
+	}
+	if got := checkpointsBetween(st(nil), after); got != nil {
+		t.Fatalf("checkpoints %v from an agent that did not report them before, want none", got)
+	}
+	l := LoadReport{Devices: TargetDevices, Checkpoints: &Rate{Count: 13, Seconds: 26, PerSecond: 0.5}, CheckpointsByReason: got}
+	var b bytes.Buffer
+	l.WriteTable(&b)
+	if want := "state checkpoints                      0.50 /s  (caught_up 1, delta 12)"; !strings.Contains(b.String(), want) {
+		t.Fatalf("table lacks %q:\n%s", want, b.String())
+	}
+	if reasons(map[string]uint64{}) != "none" {
+		t.Fatalf("no checkpoints written as %q, want none", reasons(map[string]uint64{}))
+	}
+}
