@@ -517,9 +517,11 @@ func (s *Stage) Step() (StepResult, error) {
 		// Records processed since the checkpoint keep their room in Bronze
 		// until it moves; when Bronze is full no new record comes to carry
 		// a checkpoint, so an idle Step writes the one that is due.
-		if ck := s.checkpointDue(); e.offset > s.checkpointOffset && ck != noCheckpoint {
-			if err := s.commit(ck); err != nil {
-				return res, err
+		if e.offset > s.checkpointOffset {
+			if ck := s.checkpointDue(); ck != noCheckpoint {
+				if err := s.commit(ck); err != nil {
+					return res, err
+				}
 			}
 		}
 		s.publish(res, false)
