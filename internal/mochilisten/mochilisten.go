@@ -12,7 +12,9 @@ import (
 	"syscall"
 	"time"
 
+	mochi "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/listeners"
+	"github.com/mochi-mqtt/server/v2/packets"
 )
 
 // Listen returns a listener with mochi id that listens on addr
@@ -153,4 +155,30 @@ func (l *Listener) Close(listeners.CloseFn) {
 	}
 	l.mu.Unlock()
 	l.serving.Wait()
+}
+
+// Guard wraps one of mochi's own listeners (its WebSocket listener, a
+// TCP listener over TLS) so that closing it ends its clients without
+// mochi's closeListenerClients, which can block for good (see
+// Listener.Close): it disconnects them as mochi would, from one copy of
+// the client list taken under a single read lock.
+func Guard(srv *mochi.Server, l listeners.Listener) listeners.Listener {
+	return guarded{Listener: l, srv: srv}
+}
+
+type guarded struct {
+	listeners.Listener
+	srv *mochi.Server
+}
+
+func (g guarded) Close(listeners.CloseFn) {
+	g.Listener.Close(func(id string) {
+		for _, cl := range g.srv.Clients.GetAll() {
+			if cl.Net.Listener == id && !cl.Closed() {
+				// The client is being dropped either way; a DISCONNECT it
+				// cannot be sent changes nothing.
+				_ = g.srv.DisconnectClient(cl, packets.ErrServerShuttingDown)
+			}
+		}
+	})
 }

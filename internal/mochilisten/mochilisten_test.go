@@ -15,6 +15,7 @@ import (
 
 	mochi "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
+	"github.com/mochi-mqtt/server/v2/listeners"
 )
 
 func freeAddr(t *testing.T) string {
@@ -28,7 +29,7 @@ func freeAddr(t *testing.T) string {
 }
 
 // startBroker serves a mochi broker that allows everything on l.
-func startBroker(t *testing.T, l *Listener) *mochi.Server {
+func startBroker(t *testing.T, l listeners.Listener) *mochi.Server {
 	t.Helper()
 	srv := mochi.New(&mochi.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
@@ -142,6 +143,14 @@ func TestCloseDoesNotWaitOnMochisClientClose(t *testing.T) {
 	srv := startBroker(t, l)
 	defer srv.Close()
 	c := connectClient(t, addr)
+	closeEndsClientWithoutMochi(t, l, c)
+}
+
+// closeEndsClientWithoutMochi closes l with a closeListenerClients that
+// blocks until the test ends, and checks that Close returns anyway and
+// that the client's connection c was ended.
+func closeEndsClientWithoutMochi(t *testing.T, l listeners.Listener, c net.Conn) {
+	t.Helper()
 	stuck := make(chan struct{})
 	defer close(stuck)
 	closed := make(chan struct{})
@@ -191,4 +200,25 @@ func TestServeOutlastsTransientAcceptErrors(t *testing.T) {
 	if n := fl.failures.Load(); n >= 0 {
 		t.Fatalf("%d accept failures left: the listener never got past them", n+1)
 	}
+}
+
+// A guarded mochi listener ends its clients itself on Close, and never
+// through mochi's closeListenerClients (here, one that blocks for as long
+// as the test runs).
+func TestGuardClosesClientsWithoutMochisClientClose(t *testing.T) {
+	addr := freeAddr(t)
+	srv := mochi.New(&mochi.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := srv.AddHook(new(auth.AllowHook), nil); err != nil {
+		t.Fatal(err)
+	}
+	l := Guard(srv, listeners.NewTCP(listeners.Config{ID: "tcp", Address: addr}))
+	if err := srv.AddListener(l); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Serve(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() }) // after the client's connection closes
+	c := connectClient(t, addr)
+	closeEndsClientWithoutMochi(t, l, c)
 }

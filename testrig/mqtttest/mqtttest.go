@@ -75,7 +75,7 @@ func StartMochiWebsocket(t testing.TB) (tcpURL, wsURL string) {
 	wsAddr := fmt.Sprintf("127.0.0.1:%d", FreePort(t))
 	for _, l := range []listeners.Listener{
 		mochilisten.Listen("tcp", tcpAddr),
-		listeners.NewWebsocket(listeners.Config{ID: "ws", Address: wsAddr}),
+		mochilisten.Guard(srv, listeners.NewWebsocket(listeners.Config{ID: "ws", Address: wsAddr})),
 	} {
 		if err := srv.AddListener(l); err != nil {
 			t.Fatalf("mqtttest: mochi listener: %v", err)

@@ -12,10 +12,10 @@ import (
 	paho "github.com/eclipse/paho.mqtt.golang"
 	mochi "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
-	"github.com/mochi-mqtt/server/v2/listeners"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/edgeagent/edgeagent/buffer/outbox"
+	"github.com/edgeagent/edgeagent/internal/mochilisten"
 	"github.com/edgeagent/edgeagent/testrig/mqtttest"
 )
 
@@ -57,7 +57,7 @@ func startInlineMochi(t testing.TB) (*mochi.Server, string) {
 		t.Fatalf("mochi auth hook: %v", err)
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
-	if err := srv.AddListener(listeners.NewTCP(listeners.Config{ID: "tcp", Address: addr})); err != nil {
+	if err := srv.AddListener(mochilisten.Listen("tcp", addr)); err != nil {
 		t.Fatalf("mochi listener: %v", err)
 	}
 	if err := srv.Serve(); err != nil {
