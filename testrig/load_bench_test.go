@@ -45,6 +45,10 @@ func BenchmarkLoad(b *testing.B) {
 		b.ReportMetric(float64(lr.PeakRSSBytes)/(1<<20), "peak-RSS-MiB")
 		b.ReportMetric(lr.CPUSecondsPerMillion, "CPU-s/Mreadings")
 		b.ReportMetric(lr.UplinkBytesPerReading, "uplink-B/reading")
+		if h := lr.Heap; h != nil {
+			b.ReportMetric(h.AllocBytesPerReading, "heap-B/reading")
+			b.ReportMetric(h.CollectionsPerMillion, "GCs/Mreadings")
+		}
 		var targets strings.Builder // what the metrics meet or miss
 		lr.WriteTargets(&targets)
 		b.Log("\n" + targets.String())
@@ -96,6 +100,13 @@ func TestLoadPacedShort(t *testing.T) {
 	}
 	if !strings.Contains(table, "paced at 1000 msgs/s") {
 		t.Errorf("the table does not say the publishers were paced:\n%s", table)
+	}
+	// The heap figures come from the agent's own /metrics.
+	if h := lr.Heap; h == nil || h.AllocBytesPerReading <= 0 || h.AllocsPerReading <= 0 || h.CollectorCPUShare < 0 || h.CollectorCPUShare > 1 {
+		t.Errorf("heap figures %+v: want the agent's allocations per reading and the collector's share of its CPU", lr.Heap)
+	}
+	if !strings.Contains(table, "agent heap") {
+		t.Errorf("the table has no heap line:\n%s", table)
 	}
 }
 

@@ -4,6 +4,7 @@
 package agentproc
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -422,22 +423,59 @@ var httpClient = &http.Client{Timeout: 2 * time.Second}
 
 // FetchStatus reads http://addr/status.json.
 func FetchStatus(ctx context.Context, addr string) (*Status, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/status.json", nil)
+	var s Status
+	err := get(ctx, addr, "status", "/status.json", func(body io.Reader) error {
+		return json.NewDecoder(body).Decode(&s)
+	})
 	if err != nil {
-		return nil, fmt.Errorf("agentproc: status request: %w", err)
+		return nil, err
+	}
+	return &s, nil
+}
+
+// FetchMetrics reads http://addr/metrics and returns its samples without
+// labels by name (the Go runtime's counters among them); labelled ones
+// are left out.
+func FetchMetrics(ctx context.Context, addr string) (map[string]float64, error) {
+	m := map[string]float64{}
+	err := get(ctx, addr, "metrics", "/metrics", func(body io.Reader) error {
+		sc := bufio.NewScanner(body)
+		for sc.Scan() {
+			name, value, ok := strings.Cut(sc.Text(), " ")
+			if !ok || strings.HasPrefix(name, "#") || strings.ContainsRune(name, '{') {
+				continue
+			}
+			v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+			if err != nil {
+				return fmt.Errorf("sample %s: %w", name, err)
+			}
+			m[name] = v
+		}
+		return sc.Err()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// get fetches http://addr+path and hands decode its body (at most 1 MiB).
+func get(ctx context.Context, addr, what, path string, decode func(io.Reader) error) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
+	if err != nil {
+		return fmt.Errorf("agentproc: %s request: %w", what, err)
 	}
 	resp, err := httpClient.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("agentproc: get status: %w", err)
+		return fmt.Errorf("agentproc: get %s: %w", what, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		return nil, fmt.Errorf("agentproc: get status: %s", resp.Status)
+		return fmt.Errorf("agentproc: get %s: %s", what, resp.Status)
 	}
-	var s Status
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&s); err != nil {
-		return nil, fmt.Errorf("agentproc: decode status: %w", err)
+	if err := decode(io.LimitReader(resp.Body, 1<<20)); err != nil {
+		return fmt.Errorf("agentproc: decode %s: %w", what, err)
 	}
-	return &s, nil
+	return nil
 }

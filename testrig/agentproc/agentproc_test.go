@@ -2,15 +2,19 @@ package agentproc
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -388,5 +392,36 @@ func TestBlockWritesBehindAWrapper(t *testing.T) {
 	}
 	if err := p.BlockWrites(false); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// FetchMetrics takes the unlabelled samples of an exposition and leaves
+// out comments and labelled ones; a sample it cannot read is an error
+// naming it.
+func TestFetchMetrics(t *testing.T) {
+	var body atomic.Value
+	body.Store("# HELP go_memstats_alloc_bytes_total bytes\n" +
+		"go_memstats_alloc_bytes_total 123456789\n" +
+		"edgeagent_window_checkpoints_total{reason=\"delta\"} 7\n" +
+		"go_gc_cpu_seconds_total 1.5e-01\n")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/metrics" {
+			http.NotFound(w, r)
+			return
+		}
+		io.WriteString(w, body.Load().(string))
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	m, err := FetchMetrics(context.Background(), addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]float64{"go_memstats_alloc_bytes_total": 123456789, "go_gc_cpu_seconds_total": 0.15}; fmt.Sprint(m) != fmt.Sprint(want) {
+		t.Fatalf("samples %v, want %v", m, want)
+	}
+	body.Store("go_memstats_mallocs_total many\n")
+	if _, err := FetchMetrics(context.Background(), addr); err == nil || !strings.Contains(err.Error(), "go_memstats_mallocs_total") {
+		t.Fatalf("a sample that is no number: error %v, want one naming it", err)
 	}
 }

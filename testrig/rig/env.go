@@ -257,13 +257,25 @@ func (e *env) waitAgentReady(ctx context.Context, timeout time.Duration) error {
 
 // status reads the agent's status endpoint, nil when unavailable.
 func (e *env) status(ctx context.Context) *agentproc.Status {
-	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	return fetchOrNil(ctx, e.statusAddr, agentproc.FetchStatus)
+}
+
+// metrics reads the agent's /metrics, or nil when it does not answer.
+func (e *env) metrics(ctx context.Context) map[string]float64 {
+	return fetchOrNil(ctx, e.statusAddr, agentproc.FetchMetrics)
+}
+
+// fetchOrNil is fetch from the agent's status address within 2 s, or
+// the zero value (nil) when the agent does not answer.
+func fetchOrNil[T any](ctx context.Context, addr string, fetch func(context.Context, string) (T, error)) T {
+	fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	st, err := agentproc.FetchStatus(sctx, e.statusAddr)
+	v, err := fetch(fctx, addr)
 	if err != nil {
-		return nil
+		var zero T
+		return zero
 	}
-	return st
+	return v
 }
 
 // finalStatus reads /status.json for the verdict's counters, retrying for

@@ -167,6 +167,11 @@ type LoadReport struct {
 	// their pace.
 	Checkpoints         *Rate             `json:"checkpoints,omitempty"`
 	CheckpointsByReason map[string]uint64 `json:"checkpoints_by_reason,omitempty"`
+	// Heap is what the agent's heap allocated and collected over the same
+	// span, from the Go runtime's counters on its /metrics. It varies far
+	// less from run to run than the CPU does, so a change to the garbage
+	// shows in one pair of runs.
+	Heap *HeapFigures `json:"heap,omitempty"`
 	// Readings is how many messages the agent got in all.
 	Readings      uint64 `json:"readings"`
 	PlanExhausted bool   `json:"plan_exhausted"`
@@ -193,6 +198,42 @@ type LoadReport struct {
 	// and is not a failure: the exit status says whether every window
 	// arrived right.
 	Targets []Target `json:"targets"`
+}
+
+// HeapFigures are the agent's allocations and collections per reading the
+// window stage took in.
+type HeapFigures struct {
+	AllocBytesPerReading  float64 `json:"alloc_bytes_per_reading"`
+	AllocsPerReading      float64 `json:"allocs_per_reading"`
+	CollectionsPerMillion float64 `json:"collections_per_million_readings"`
+	// CollectorCPUShare is the collector's part of the agent's CPU (the
+	// runtime's own estimate), 0 to 1.
+	CollectorCPUShare float64 `json:"collector_cpu_share"`
+}
+
+// heapBetween returns the heap figures between two reads of the agent's
+// metrics, over the readings the window stage took in and cpu seconds of the agent's CPU, or
+// nil when a read failed or lacks a counter.
+func heapBetween(m0, m1 map[string]float64, readings uint64, cpu float64) *HeapFigures {
+	names := [...]string{"go_memstats_alloc_bytes_total", "go_memstats_mallocs_total", "go_gc_duration_seconds_count", "go_gc_cpu_seconds_total"}
+	var d [len(names)]float64
+	for i, n := range names {
+		v0, ok0 := m0[n]
+		v1, ok1 := m1[n]
+		if !ok0 || !ok1 {
+			return nil
+		}
+		d[i] = v1 - v0
+	}
+	if readings == 0 {
+		return nil
+	}
+	r := float64(readings)
+	h := &HeapFigures{AllocBytesPerReading: d[0] / r, AllocsPerReading: d[1] / r, CollectionsPerMillion: d[2] / r * 1e6}
+	if cpu > 0 {
+		h.CollectorCPUShare = d[3] / cpu
+	}
+	return h
 }
 
 // Target is one of load mode's targets, judged on one run.
@@ -286,6 +327,10 @@ func (l *LoadReport) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "  end-to-end lag (publish→cloud)   p50 %s  p99 %s\n", ms(l.LagP50Ms), ms(l.LagP99Ms))
 	fmt.Fprintf(w, "  agent peak RSS                   %s  (%s when the load ended)\n", bytesStr(l.PeakRSSBytes), bytesStr(l.PeakRSSLoadBytes))
 	fmt.Fprintf(w, "  agent CPU                        %.1f s per million readings (%.1f s for %s)\n", l.CPUSecondsPerMillion, l.CPUSeconds, num(int(l.Readings)))
+	if h := l.Heap; h != nil {
+		fmt.Fprintf(w, "  agent heap                       %.0f B, %.1f allocations per reading; %.0f collections per million (the collector %.0f%% of the CPU)\n",
+			h.AllocBytesPerReading, h.AllocsPerReading, h.CollectionsPerMillion, 100*h.CollectorCPUShare)
+	}
 	fmt.Fprintf(w, "  uplink                           %.2f bytes per reading (%s, over %s)\n", l.UplinkBytesPerReading, bytesStr(int64(l.UplinkBytes)), l.Uplink)
 	if r := l.Result; r != nil {
 		fmt.Fprintf(w, "  verified                         %s windows correct, %d wrong, %d missing, %d extra\n",
@@ -476,6 +521,7 @@ func Load(ctx context.Context, o LoadOptions) (*LoadReport, error) {
 	in0 := ingested()
 	cpu0 := e.agent.Usage().CPUSeconds
 	st0 := e.status(ctx)
+	m0 := e.metrics(ctx)
 	perr := <-pubErr
 	t1 := time.Now()
 	in1 := ingested()
@@ -483,6 +529,7 @@ func Load(ctx context.Context, o LoadOptions) (*LoadReport, error) {
 	cpu1 := u1.CPUSeconds
 	lr.PeakRSSLoadBytes = u1.PeakRSSBytes
 	st1 := e.status(ctx)
+	m1 := e.metrics(ctx)
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
@@ -492,6 +539,7 @@ func Load(ctx context.Context, o LoadOptions) (*LoadReport, error) {
 	if st0 != nil && st1 != nil {
 		r := rate(st1.Window.ProcessedTotal-st0.Window.ProcessedTotal, t1.Sub(t0))
 		lr.Processed = &r
+		lr.Heap = heapBetween(m0, m1, st1.Window.ReadingsTotal-st0.Window.ReadingsTotal, cpu1-cpu0)
 		if n := st1.Ingest.CommitsTotal - st0.Ingest.CommitsTotal; n > 0 {
 			c := rate(n, t1.Sub(t0))
 			lr.BronzeCommits = &c

@@ -472,3 +472,28 @@ func TestLoadCheckpointsBetweenStatusReads(t *testing.T) {
 		t.Fatalf("no checkpoints written as %q, want none", reasons(map[string]uint64{}))
 	}
 }
+
+// The heap figures are the differences of the runtime's counters between
+// the two reads of /metrics, per reading; a read that failed or lacks a
+// counter gives none.
+func TestLoadHeapBetweenMetricsReads(t *testing.T) {
+	m0 := map[string]float64{"go_memstats_alloc_bytes_total": 1e6, "go_memstats_mallocs_total": 5000, "go_gc_duration_seconds_count": 10, "go_gc_cpu_seconds_total": 0.5}
+	m1 := map[string]float64{"go_memstats_alloc_bytes_total": 801e6, "go_memstats_mallocs_total": 4_005_000, "go_gc_duration_seconds_count": 410, "go_gc_cpu_seconds_total": 3.5}
+	h := heapBetween(m0, m1, 1_000_000, 12)
+	if h == nil || h.AllocBytesPerReading != 800 || h.AllocsPerReading != 4 || h.CollectionsPerMillion != 400 || h.CollectorCPUShare != 0.25 {
+		t.Fatalf("heap figures %+v, want 800 B, 4 allocations, 400 collections per million, a share of 0.25", h)
+	}
+	if got := heapBetween(nil, m1, 1_000_000, 12); got != nil {
+		t.Fatalf("heap figures %+v from a failed read, want none", got)
+	}
+	delete(m0, "go_gc_cpu_seconds_total")
+	if got := heapBetween(m0, m1, 1_000_000, 12); got != nil {
+		t.Fatalf("heap figures %+v without the collector's CPU, want none", got)
+	}
+	l := LoadReport{Devices: TargetDevices, Heap: h}
+	var b bytes.Buffer
+	l.WriteTable(&b)
+	if want := "agent heap                       800 B, 4.0 allocations per reading; 400 collections per million (the collector 25% of the CPU)"; !strings.Contains(b.String(), want) {
+		t.Fatalf("table lacks %q:\n%s", want, b.String())
+	}
+}
