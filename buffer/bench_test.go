@@ -24,13 +24,15 @@ func benchRecords(n int) []Record {
 	return recs
 }
 
-func openBench(b *testing.B) *Bronze {
-	b.Helper()
-	bz, err := Open(filepath.Join(b.TempDir(), "bronze.db"), Options{})
+// openTemp opens a Bronze log in a temporary directory, closed at the
+// end of the test or benchmark.
+func openTemp(tb testing.TB) *Bronze {
+	tb.Helper()
+	bz, err := Open(filepath.Join(tb.TempDir(), "bronze.db"), Options{})
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
-	b.Cleanup(func() { bz.Close() })
+	tb.Cleanup(func() { bz.Close() })
 	return bz
 }
 
@@ -78,7 +80,7 @@ func BenchmarkAppendRead(b *testing.B) {
 	src := benchRecords(10_000)
 	for _, group := range []int{10, 100, 1000} {
 		b.Run(fmt.Sprintf("group=%d", group), func(b *testing.B) {
-			bz := openBench(b)
+			bz := openTemp(b)
 			recs := make([]Record, 0, group)
 			from := uint64(1)
 			j := 0
@@ -110,7 +112,7 @@ func BenchmarkAppendRead(b *testing.B) {
 // BenchmarkReadTail is the window stage's read alone: one op reads 1,000
 // records the tail holds.
 func BenchmarkReadTail(b *testing.B) {
-	bz := openBench(b)
+	bz := openTemp(b)
 	src := benchRecords(4_000) // within the 1 MiB tail
 	for i := 0; i < len(src); i += 1000 {
 		if err := bz.Append(src[i : i+1000]); err != nil {

@@ -1,7 +1,6 @@
 package buffer
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -68,6 +67,9 @@ type Bronze struct {
 	// once the reader has released their records (see ReleaseThrough).
 	// Under tailMu.
 	recycle arenaRecycler
+	// copies holds the arenas ReadInto copies the file's chunks into,
+	// recycled the same way. Under tailMu.
+	copies readCopies
 
 	lastSeq    atomic.Uint64
 	checkpoint atomic.Uint64
@@ -405,6 +407,7 @@ func (b *Bronze) newArena(size, n int) ([]byte, []int) {
 func (b *Bronze) ReleaseThrough(seq uint64) {
 	b.tailMu.Lock()
 	b.recycle.release(seq)
+	b.copies.release(seq)
 	b.tailMu.Unlock()
 }
 
@@ -500,6 +503,7 @@ func (b *Bronze) readTail(out []Record, from uint64, max int) (_ []Record, ok bo
 	if len(b.tail) == 0 || from < b.tail[0].first {
 		return out, false, nil
 	}
+	b.copies.dropSpare()
 	last := b.tail[len(b.tail)-1]
 	if end := last.first + uint64(len(last.ends)); from < end {
 		out = slices.Grow(out, int(min(uint64(max), end-from)))
@@ -564,11 +568,14 @@ func (b *Bronze) ReadInto(dst []Record, from uint64, max int) ([]Record, error) 
 		out = slices.Grow(out, int(min(uint64(max), last-from+1)))
 	}
 	n := 0
-	err = b.scanRecords(from, true, func(r Record) bool {
+	cp := b.newChunkCopier()
+	err = b.scanRecords(from, cp.copy, func(r Record) bool {
 		out = append(out, r)
+		cp.returned(r.Seq)
 		n += r.HeldBytes()
 		return len(out) < max && n < ReadMaxBytes
 	})
+	cp.done()
 	// A window stage catching up reads the file as fast as ingest writes
 	// it (100k records/s draining a broker's backlog): between the
 	// agent's periodic releases, the pages read stayed mapped, 11 MiB of
@@ -609,23 +616,24 @@ const ReadMaxBytes = 8 << 20
 // Scan calls fn for each record with Seq >= from, in order, until fn returns
 // false. The record's Payload is only valid during the call.
 func (b *Bronze) Scan(from uint64, fn func(Record) bool) error {
-	return b.scanRecords(from, false, fn)
+	return b.scanRecords(from, nil, fn)
 }
 
-// scanRecords is Scan; with keep, each chunk is copied once and its
-// records alias the copy, topic and all (nothing writes it again), so they
-// stay valid after the call — one copy a chunk, not two a record.
-func (b *Bronze) scanRecords(from uint64, keep bool, fn func(Record) bool) error {
+// scanRecords is Scan; with a keep function, each chunk is copied once
+// (keep returns the copy) and its records alias the copy, topic and all
+// (nothing writes it until the reader released them), so they stay valid
+// after the call — one copy a chunk, not two a record.
+func (b *Bronze) scanRecords(from uint64, keep func([]byte) []byte, fn func(Record) bool) error {
 	return b.scanChunks(from, func(first uint64, v []byte) (bool, error) {
-		if keep {
-			v = bytes.Clone(v)
+		if keep != nil {
+			v = keep(v)
 		}
 		more := true
 		err := eachRecord(first, v, func(seq uint64, rec []byte) (bool, error) {
 			if seq < from {
 				return true, nil
 			}
-			r, err := decodeRecord(seq, rec, keep)
+			r, err := decodeRecord(seq, rec, keep != nil)
 			if err != nil {
 				return false, err
 			}
