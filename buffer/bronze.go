@@ -403,7 +403,10 @@ func (b *Bronze) newArena(size, n int) ([]byte, []int) {
 // Until the first call nothing is reused, so a reader that never calls it
 // keeps Read's promise that records stay valid as long as they are kept.
 // The window stage calls it after each slice of records it processed and
-// after each commit.
+// after each commit. A reader that goes back to read records again (the
+// stage reloading its checkpoint after a failed commit) first calls it
+// with the lower seq: what it released above seq is no longer reused as
+// it leaves the tail, since the reader will hold those records again.
 func (b *Bronze) ReleaseThrough(seq uint64) {
 	b.tailMu.Lock()
 	b.recycle.release(seq)
@@ -417,7 +420,7 @@ func (b *Bronze) ReleaseThrough(seq uint64) {
 // what does not fit is left to the collector, as before recycling.
 type arenaRecycler struct {
 	on       bool   // a reader releases (ReleaseThrough was called)
-	released uint64 // the highest sequence released
+	released uint64 // the sequence released through, as last said
 	spent    []tailChunk
 	spare    []tailChunk
 }
@@ -462,7 +465,7 @@ func appendBounded(list []tailChunk, c tailChunk, max int) []tailChunk {
 // spare.
 func (r *arenaRecycler) release(seq uint64) {
 	r.on = true
-	r.released = max(r.released, seq)
+	r.released = seq
 	kept := r.spent[:0]
 	for _, c := range r.spent {
 		if c.first+uint64(len(c.ends))-1 > r.released {

@@ -273,3 +273,33 @@ func TestRevisionFloorIsDurableAtOnce(t *testing.T) {
 		t.Fatalf("reopened floor %d, want 7", got)
 	}
 }
+
+// A reader that goes back (the window stage reloading its checkpoint after
+// a failed commit) says so with a lower ReleaseThrough, and reads records
+// it had released before: the arena they are in is not reused when it
+// leaves the tail while the reader holds them again.
+func TestReleaseThroughGoesBack(t *testing.T) {
+	b, src, _, want := openHoldingFirstAppend(t)
+	first := unsafe.SliceData(b.tail[0].arena)
+	b.ReleaseThrough(100)
+	b.ReleaseThrough(0) // back to the start: records 1-100 are read again
+	again, err := b.Read(1, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for b.tail[0].first == 1 { // push the first arena out of the tail
+		if err := b.Append(otherRecords(src)); err != nil {
+			t.Fatal(err)
+		}
+		if got := unsafe.SliceData(b.tail[len(b.tail)-1].arena); got == first {
+			t.Fatal("an append reused the arena of records 1-100 while they were held again")
+		}
+	}
+	if err := b.Append(otherRecords(src[:50])); err != nil {
+		t.Fatal(err)
+	}
+	if got := unsafe.SliceData(b.tail[len(b.tail)-1].arena); got == first {
+		t.Fatal("an append reused the arena of records 1-100 while they were held again")
+	}
+	sameRecords(t, "records read again after going back", again, want)
+}

@@ -343,8 +343,15 @@ func (s *Stage) rollback() error {
 		s.stale = true
 		return err
 	}
+	s.wentBack()
 	return nil
 }
+
+// wentBack tells Bronze, after a reload, that the stage holds no record
+// past its checkpoint: it reads the ones after it again, which it had
+// released, and their memory (the tail's arenas, reused as they leave it)
+// must not be reused while it holds them anew.
+func (s *Stage) wentBack() { s.releaseRecords() }
 
 // fresh reloads a stale stage; it must succeed before a batch or a
 // checkpoint, which would otherwise build on, or write, uncommitted effects.
@@ -356,6 +363,7 @@ func (s *Stage) fresh() error {
 		return fmt.Errorf("window state not yet reloaded after a failed batch: %w", err)
 	}
 	s.stale = false
+	s.wentBack()
 	return nil
 }
 

@@ -1445,6 +1445,36 @@ func TestStageReleasesRecordsButPendingDeadLetters(t *testing.T) {
 	}
 }
 
+// After a failed commit the stage goes back to its checkpoint and reads
+// the batch's records again: it first tells Bronze it holds none past the
+// checkpoint, so Bronze stops counting the records it had released as
+// free (their arenas would be reused as they leave the tail while the
+// redone batch holds them).
+func TestRollbackReleasesOnlyThroughTheCheckpoint(t *testing.T) {
+	src := &releaseRecorder{Bronze: openBronze(t, "")}
+	obs := &failingObserver{fail: true}
+	cfg := testConfig(t)
+	cfg.Observer = obs
+	s, err := New(openDB(t, "", true), src, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendAll(t, src.Bronze, []buffer.Record{telemetry("d1", "1", t0, t0, 1), telemetry("d1", "2", t0.Add(2*time.Minute), t0.Add(2*time.Minute), 2)})
+	if _, err := s.Step(); err == nil {
+		t.Fatal("a step whose commit failed returned no error")
+	}
+	if want := []uint64{2, 0}; !slices.Equal(src.calls, want) {
+		t.Fatalf("released through %v, want %v: the slice, then back to the checkpoint", src.calls, want)
+	}
+	obs.fail = false
+	if res, err := s.Step(); err != nil || res.Records != 2 || res.Emitted != 1 {
+		t.Fatalf("the redone batch: %+v, %v; want its 2 records and 1 aggregate", res, err)
+	}
+	if last := src.calls[len(src.calls)-1]; last != 2 {
+		t.Fatalf("released through %d after the redone batch, want 2", last)
+	}
+}
+
 // A batch ends after the slice whose records took its emissions to
 // maxBatchEmissions: a fleet whose windows close together would otherwise
 // hold every device's aggregates, and their outbox rows, until one commit.
