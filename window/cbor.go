@@ -14,8 +14,8 @@ import (
 // transparent (so tag 0 and tag 1 times work), integers and floats become
 // decimal literals. Text strings must be valid UTF-8.
 func scanCBOR(x *extractor, data []byte) *badInput {
-	s := cborScanner{data: data, x: x, path: x.pathBuf[:0], buf: x.strBuf[:0]}
-	defer func() { x.pathBuf, x.strBuf = s.path, s.buf }()
+	s := cborScanner{data: data, x: x, path: x.pathBuf[:0], buf: x.strBuf[:0], num: x.numBuf[:0]}
+	defer func() { x.pathBuf, x.strBuf, x.numBuf = s.path, s.buf, s.num }()
 	// Skip leading tags (55799, "self-described CBOR", is common).
 	s.skipTags()
 	isMap := s.err == nil && s.pos < len(data) && data[s.pos]>>5 == 5

@@ -117,8 +117,10 @@ type extractor struct {
 	// epochNext says the number visited next carries CBOR tag 1 (epoch
 	// seconds, whatever time_format says); tmEpoch that the time leaf did.
 	epochNext, tmEpoch bool
-	// pathBuf and strBuf are scratch space the scanners reuse across records.
-	pathBuf, strBuf []byte
+	// pathBuf, strBuf and numBuf are scratch space the scanners reuse
+	// across records (numBuf: the CBOR scanner's integers as text, an
+	// allocation a CBOR reading before).
+	pathBuf, strBuf, numBuf []byte
 }
 
 func newExtractor(cfg *Config) *extractor {

@@ -402,3 +402,25 @@ func TestMaxMetricsPerDevice(t *testing.T) {
 		t.Fatalf("dead letters %+v, want only the reading of a new metric e", dead)
 	}
 }
+
+// Scanning a CBOR reading reuses the extractor's scratch space from one
+// record to the next, integers' text included: once warm, it allocates
+// nothing (each integer field was an allocation a reading in load mode).
+func TestScanCBORAllocatesNothingOnceWarm(t *testing.T) {
+	cfg := testConfig(t).withDefaults()
+	x := newExtractor(&cfg)
+	data, err := cbor.Marshal(map[string]any{"id": 12345, "ts": int64(1_700_000_000_000), "m0": 21, "m1": -4, "nested": map[string]any{"v": 7}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scan := func() {
+		x.reset()
+		if b := scanCBOR(x, data); b != nil {
+			t.Fatalf("scan: %s", b.msg)
+		}
+	}
+	scan()
+	if n := testing.AllocsPerRun(100, scan); n != 0 {
+		t.Fatalf("%.1f allocations a scan once warm, want 0", n)
+	}
+}
