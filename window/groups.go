@@ -375,6 +375,10 @@ func compareNames(a, b rowChange) int {
 }
 
 // compareEntry is the order of the entries in a group row.
+// bytesView is b as a string without a copy, for a call that keeps
+// neither while b is not written.
+func bytesView(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
 func compareEntry(devA, metricA, devB, metricB string) int {
 	if c := strings.Compare(devA, devB); c != 0 {
 		return c
@@ -702,7 +706,10 @@ func mergeGroup(out, scratch, old []byte, changes []rowChange, parked *parkArena
 			}
 			order := -1
 			if haveOld {
-				order = compareEntry(dev, metric, string(cur.dev), string(cur.metric))
+				// Views, not copies: compareEntry keeps neither, and the
+				// copies were an allocation an entry (strings.Compare's
+				// parameters leak).
+				order = compareEntry(dev, metric, bytesView(cur.dev), bytesView(cur.metric))
 			}
 			if order <= 0 {
 				if c.put() {

@@ -220,6 +220,22 @@ func TestMergeGroup(t *testing.T) {
 	if _, _, err := mergeGroup(nil, nil, old[:len(old)-3], nil, nil); err == nil {
 		t.Fatal("a truncated group row merged without an error")
 	}
+	// Merging into reused buffers allocates nothing: comparing a change
+	// with a stored entry takes no copy of the entry's names.
+	old = appendEntry(nil, "device-0001", "temperature", appendWindow(nil, w(1)))
+	old = appendEntry(old, "device-0003", "temperature", appendWindow(nil, w(2)))
+	changes = []rowChange{putChange("device-0002", "temperature", w(3)), putChange("device-0003", "temperature", w(4))}
+	buf, scratch := out, []byte(nil)
+	merge := func() {
+		var err error
+		if buf, scratch, err = mergeGroup(buf[:0], scratch, old, changes, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	merge()
+	if n := testing.AllocsPerRun(100, merge); n != 0 {
+		t.Fatalf("%.1f allocations a merge into reused buffers, want 0", n)
+	}
 }
 
 // FuzzGroupRow: any stored group row either reads as entries or fails with
