@@ -284,18 +284,21 @@ func compareGroups(a, b rowChange) int {
 	return cmp.Compare(a.shard, b.shard)
 }
 
-// byGroup and byName sort changes by compareGroups and compareNames.
+// byGroup sorts changes by compareGroups, and byName its changes by
+// compareNames. byName is a struct behind a pointer so that writeGroups
+// sorts group after group through one interface value: a slice converted
+// to sort.Interface is an allocation a group.
 type (
 	byGroup []rowChange
-	byName  []rowChange
+	byName  struct{ s []rowChange }
 )
 
 func (s byGroup) Len() int           { return len(s) }
 func (s byGroup) Less(i, j int) bool { return compareGroups(s[i], s[j]) < 0 }
 func (s byGroup) Swap(i, j int)      { s[i], s[j] = s[j], s[i] }
-func (s byName) Len() int            { return len(s) }
-func (s byName) Less(i, j int) bool  { return compareNames(s[i], s[j]) < 0 }
-func (s byName) Swap(i, j int)       { s[i], s[j] = s[j], s[i] }
+func (s *byName) Len() int           { return len(s.s) }
+func (s *byName) Less(i, j int) bool { return compareNames(s.s[i], s.s[j]) < 0 }
+func (s *byName) Swap(i, j int)      { s.s[i], s.s[j] = s.s[j], s.s[i] }
 
 // maxFlagStarts bounds the distinct times sortByGroup buckets by; past
 // it (a backlog's hours of short windows in one checkpoint) the changes
@@ -497,14 +500,16 @@ func writeGroups(w *chunkWriter, bucket []byte, fill float64, changes []rowChang
 	// then each group's few changes by name: a load-mode checkpoint's sort
 	// took a fifth more CPU otherwise.
 	sortByGroup(changes)
-	var key, scratch []byte
+	var key, scratch, target []byte
+	names := new(byName)
 	for i := 0; i < len(changes); {
 		size := binary.MaxVarintLen64
 		j := i
 		for ; j < len(changes) && changes[j].at == changes[i].at && changes[j].shard == changes[i].shard; j++ {
 			size += changes[j].maxSize()
 		}
-		sort.Sort(byName(changes[i:j]))
+		names.s = changes[i:j]
+		sort.Sort(names)
 		key = appendGroupKey(key[:0], changes[i].at, changes[i].shard)
 		b := w.bucket(bucket, fill)
 		g, err := readGroup(b, key, committed)
@@ -531,7 +536,7 @@ func writeGroups(w *chunkWriter, bucket []byte, fill float64, changes []rowChang
 		if g.hasCur && g.cur.slot != 1 {
 			slot = 1
 		}
-		target := slotted(key, slot)
+		target = slotted(target[:0], key, slot) // reused: Put copies it
 		if deleted {
 			// Once gen commits, no version of the group serves. (Keys are
 			// copied before the writes below, which may move bbolt's.) The
@@ -541,7 +546,7 @@ func writeGroups(w *chunkWriter, bucket []byte, fill float64, changes []rowChang
 			if g.hasCur {
 				*sweep = append(*sweep, bytes.Clone(g.cur.key))
 			}
-			*sweep = append(*sweep, target)
+			*sweep = append(*sweep, bytes.Clone(target))
 		}
 		for _, k := range slices.Concat(g.older, g.garbage) {
 			if !bytes.Equal(k, target) {
@@ -834,8 +839,8 @@ func migrateBucket(tx *bolt.Tx, l rowLayout) error {
 // A key without a slot byte is a row of the layout before generations:
 // generation 0, and slot 0's place, so it is replaced as slot 0 is.
 
-// slotted returns k's slot key.
-func slotted(k []byte, slot byte) []byte { return append(k[:len(k):len(k)], slot) }
+// slotted appends k's slot key to dst.
+func slotted(dst, k []byte, slot byte) []byte { return append(append(dst, k...), slot) }
 
 // groupVersion is one stored version of a group row.
 type groupVersion struct {
