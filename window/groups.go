@@ -377,11 +377,11 @@ func compareNames(a, b rowChange) int {
 	return compareEntry(devA, metricA, devB, metricB)
 }
 
-// compareEntry is the order of the entries in a group row.
 // bytesView is b as a string without a copy, for a call that keeps
 // neither while b is not written.
 func bytesView(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
+// compareEntry is the order of the entries in a group row.
 func compareEntry(devA, metricA, devB, metricB string) int {
 	if c := strings.Compare(devA, devB); c != 0 {
 		return c
