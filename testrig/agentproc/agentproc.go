@@ -441,11 +441,13 @@ func FetchMetrics(ctx context.Context, addr string) (map[string]float64, error) 
 	err := get(ctx, addr, "metrics", "/metrics", func(body io.Reader) error {
 		sc := bufio.NewScanner(body)
 		for sc.Scan() {
-			name, value, ok := strings.Cut(sc.Text(), " ")
-			if !ok || strings.HasPrefix(name, "#") || strings.ContainsRune(name, '{') {
+			// name value [timestamp]
+			fields := strings.Fields(sc.Text())
+			if len(fields) < 2 || strings.HasPrefix(fields[0], "#") || strings.ContainsRune(fields[0], '{') {
 				continue
 			}
-			v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+			name := fields[0]
+			v, err := strconv.ParseFloat(fields[1], 64)
 			if err != nil {
 				return fmt.Errorf("sample %s: %w", name, err)
 			}

@@ -403,7 +403,8 @@ func TestFetchMetrics(t *testing.T) {
 	body.Store("# HELP go_memstats_alloc_bytes_total bytes\n" +
 		"go_memstats_alloc_bytes_total 123456789\n" +
 		"edgeagent_window_checkpoints_total{reason=\"delta\"} 7\n" +
-		"go_gc_cpu_seconds_total 1.5e-01\n")
+		"go_gc_cpu_seconds_total 1.5e-01\n" +
+		"go_goroutines 34 1700000000000\n") // with a timestamp
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/metrics" {
 			http.NotFound(w, r)
@@ -417,7 +418,7 @@ func TestFetchMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := map[string]float64{"go_memstats_alloc_bytes_total": 123456789, "go_gc_cpu_seconds_total": 0.15}; fmt.Sprint(m) != fmt.Sprint(want) {
+	if want := map[string]float64{"go_memstats_alloc_bytes_total": 123456789, "go_gc_cpu_seconds_total": 0.15, "go_goroutines": 34}; fmt.Sprint(m) != fmt.Sprint(want) {
 		t.Fatalf("samples %v, want %v", m, want)
 	}
 	body.Store("go_memstats_mallocs_total many\n")

@@ -212,8 +212,8 @@ type HeapFigures struct {
 }
 
 // heapBetween returns the heap figures between two reads of the agent's
-// metrics, over the readings the window stage took in and cpu seconds of the agent's CPU, or
-// nil when a read failed or lacks a counter.
+// metrics, over the readings the window stage took in and cpu seconds of
+// the agent's CPU, or nil when a read failed or lacks a counter.
 func heapBetween(m0, m1 map[string]float64, readings uint64, cpu float64) *HeapFigures {
 	names := [...]string{"go_memstats_alloc_bytes_total", "go_memstats_mallocs_total", "go_gc_duration_seconds_count", "go_gc_cpu_seconds_total"}
 	var d [len(names)]float64
