@@ -453,7 +453,7 @@ func (r *arenaRecycler) left(c tailChunk) {
 
 // appendBounded appends c to list, dropping the oldest first when list
 // already holds max.
-func appendBounded(list []tailChunk, c tailChunk, max int) []tailChunk {
+func appendBounded[T any](list []T, c T, max int) []T {
 	if len(list) == max {
 		clear(list[:1])
 		list = append(list[:0], list[1:]...)

@@ -127,11 +127,7 @@ func (c *chunkCopier) retire() {
 	cp := &c.b.copies
 	switch {
 	case c.used:
-		if len(cp.spent) == maxReadSpent {
-			clear(cp.spent[:1])
-			cp.spent = append(cp.spent[:0], cp.spent[1:]...)
-		}
-		cp.spent = append(cp.spent, spentCopy{arena: c.arena, last: c.last})
+		cp.spent = appendBounded(cp.spent, spentCopy{arena: c.arena, last: c.last}, maxReadSpent)
 	case len(cp.spare) < maxReadSpare:
 		cp.spare = append(cp.spare, c.arena[:0])
 	}
