@@ -371,12 +371,14 @@ func (c Config) Validate() error {
 // older build must not run on it. 2: the state may hold what builds of
 // format 1 would ignore and then break "a key names one content" with —
 // the tombstone floor (a device whose tombstone was dropped would restart
-// an emitted window at rev 1) and the logged clock's last stamp. A build
+// an emitted window at rev 1) and the logged clock's last stamp. 3: the
+// outbox holds its entries in packs (buffer/outbox), which builds of
+// format 2 would take for rows of an unknown kind and never send. A build
 // adopts a format in adoptedFormats (rewriting it at its first start); an
 // older build refuses a newer one, naming reset-state.
-const stateFormat = "2"
+const stateFormat = "3"
 
-var adoptedFormats = []string{"1"}
+var adoptedFormats = []string{"1", "2"}
 
 // fingerprintItem is one state-shaping setting, named by its config key.
 type fingerprintItem struct{ Key, Value string }

@@ -332,12 +332,14 @@ func TestStateFormat(t *testing.T) {
 		}
 		return v
 	}
-	store("1")
-	if _, err := New(db, br, cfg); err != nil {
-		t.Fatalf("a state of format 1 was refused: %v", err)
-	}
-	if got := stored(); got != stateFormat {
-		t.Fatalf("the state's format is %q after a start, want %q", got, stateFormat)
+	for _, older := range adoptedFormats {
+		store(older)
+		if _, err := New(db, br, cfg); err != nil {
+			t.Fatalf("a state of format %s was refused: %v", older, err)
+		}
+		if got := stored(); got != stateFormat {
+			t.Fatalf("the state's format is %q after a start on format %s, want %q", got, older, stateFormat)
+		}
 	}
 	store("99")
 	if _, err := New(db, br, cfg); !errors.Is(err, ErrIncompatibleState) || !strings.Contains(err.Error(), "state format changed from 99 to "+stateFormat) || !strings.Contains(err.Error(), "reset-state") {

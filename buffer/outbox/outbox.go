@@ -8,10 +8,10 @@
 package outbox
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -63,33 +63,74 @@ func Init(tx *bolt.Tx) error {
 
 // Append queues one entry and returns its sequence. Sequences are assigned by
 // the bucket and so are deterministic for a deterministic series of appends.
+// The entry is a pack of its own, in an allocation of its size: an
+// Appender's arena would take a 64 KiB chunk for it.
 func Append(tx *bolt.Tx, kind Kind, emittedAt int64, data []byte) (uint64, error) {
-	a, err := NewAppender(tx, nil)
-	if err != nil {
-		return 0, err
+	b := tx.Bucket(bucketRows)
+	if b == nil {
+		return 0, errors.New("outbox: not initialised")
 	}
-	seq, err := a.Append(kind, emittedAt, data)
+	b.FillPercent = 1
+	seq, err := b.NextSequence()
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("outbox: next sequence: %w", err)
 	}
-	return seq, a.Close()
+	e := Entry{Seq: seq, Kind: kind, EmittedAt: emittedAt}
+	kv := binary.BigEndian.AppendUint64(make([]byte, 0, 8+1+packedMax+len(data)), seq)
+	kv = appendPacked(append(kv, packMarker), e, 0, data)
+	if err := b.Put(kv[:8:8], kv[8:]); err != nil {
+		return 0, fmt.Errorf("outbox: put %d: %w", seq, err)
+	}
+	return seq, addMeta(tx, 1, entryBytes(e, data))
 }
 
-// Appender queues many entries in one transaction: the rows go in as
-// Append puts them, the row and byte counters once, at Close (two Gets and
-// two Puts per row were most of an append's cost). Other appends in the
-// same transaction may interleave: the counters only ever add.
+// Entries are stored in packs: one bbolt value holds consecutive entries
+// one Appender queued, up to packMaxEntries of them or packMaxBytes, keyed
+// by the sequence of its last entry, so a seek to a sequence lands on the
+// pack that holds it. A pack that loses entries keeps its key, which is
+// still at or past each of them and before every later pack's entries.
+//
+// Why: a row per entry cost a bbolt Put each (a cursor search, and the
+// leaf's array of elements grown one at a time to a window batch's 1,700
+// rows) and a Delete each once sealed, about a fifth of everything the
+// agent allocated in load mode; BenchmarkOutboxCycle spends half the CPU
+// with packs.
+//
+// A pack's value starts with packMarker; each entry follows as the uvarint
+// difference of its sequence from the one before (from 0 for the first),
+// its kind, its emitted-at as a varint, its data's length as a uvarint, and
+// the data. A value that starts with any other byte is a row of one entry,
+// the layout before packs: kind, emitted-at as a varint and data, keyed by
+// its own sequence.
+const (
+	packMarker     = 0
+	packMaxEntries = 128
+	packMaxBytes   = 16 << 10
+)
+
+// Appender queues many entries in one transaction: the entries go in a
+// pack at a time, the row and byte counters once, at Close. Other appends
+// in the same transaction may interleave: a sequence that is not the one
+// after the pending pack's last puts that pack first, so packs never
+// overlap, and the counters only ever add.
 type Appender struct {
 	tx          *bolt.Tx
 	b           *bolt.Bucket
 	rows, bytes int64
 	arena       *boltkv.Arena
+	// The pack being filled, in the arena's current chunk after room
+	// for its key: the chunk's bytes, its entry count and last sequence.
+	pack      []byte
+	packLimit int // the length the pack may grow to in the chunk
+	packN     int
+	packEnd   uint64
 }
 
 // NewAppender starts appending in tx. Close must be called before the
-// transaction commits, or the counters miss the rows. The rows' bytes are
-// cut from arena, which must outlive the transaction; nil gives the
-// appender one of its own.
+// transaction commits, or the last pack and the counters are missing. The
+// packs are built in arena, which must outlive the transaction and which
+// nothing else may cut from until Close; nil gives the appender one of its
+// own.
 func NewAppender(tx *bolt.Tx, arena *boltkv.Arena) (*Appender, error) {
 	b := tx.Bucket(bucketRows)
 	if b == nil {
@@ -102,28 +143,61 @@ func NewAppender(tx *bolt.Tx, arena *boltkv.Arena) (*Appender, error) {
 	return &Appender{tx: tx, b: b, arena: arena}, nil
 }
 
+// packedMax bounds an entry's bytes in a pack beside its data: its
+// sequence difference, kind, emitted-at and data length.
+const packedMax = 3*binary.MaxVarintLen64 + 1
+
 // Append queues one entry and returns its sequence.
 func (a *Appender) Append(kind Kind, emittedAt int64, data []byte) (uint64, error) {
 	seq, err := a.b.NextSequence()
 	if err != nil {
 		return 0, fmt.Errorf("outbox: next sequence: %w", err)
 	}
-	// The key and the value from one cut of the arena.
-	buf := binary.BigEndian.AppendUint64(a.arena.Room(8+1+binary.MaxVarintLen64+len(data)), seq)
-	buf = append(buf, byte(kind))
-	buf = binary.AppendVarint(buf, emittedAt)
-	kv := a.arena.Cut(append(buf, data...))
-	k, v := kv[:8:8], kv[8:]
-	if err := a.b.Put(k, v); err != nil {
-		return 0, fmt.Errorf("outbox: put %d: %w", seq, err)
+	if a.packN > 0 && (seq != a.packEnd+1 || a.packN == packMaxEntries ||
+		len(a.pack)+packedMax+len(data) > a.packLimit) {
+		if err := a.flush(); err != nil {
+			return 0, err
+		}
 	}
+	if a.packN == 0 {
+		// Built where it will stay: the room holds a whole pack (or
+		// this one entry, when larger), so the appends below never
+		// move it out of the chunk.
+		n := 8 + 1 + max(packMaxBytes, packedMax+len(data))
+		room := a.arena.Room(n)
+		a.packLimit = len(room) + n
+		a.pack = append(room[:len(room)+8], packMarker)
+	}
+	e := Entry{Seq: seq, Kind: kind, EmittedAt: emittedAt}
+	a.pack = appendPacked(a.pack, e, a.packEnd, data)
+	a.bytes += entryBytes(e, data)
+	a.packN++
+	a.packEnd = seq
 	a.rows++
-	a.bytes += int64(8 + len(v))
 	return seq, nil
 }
 
-// Close writes the counters for the rows appended.
+// flush puts the pending pack, its key written in the room left for it:
+// bbolt keeps key and value until the transaction ends.
+func (a *Appender) flush() error {
+	if a.packN == 0 {
+		return nil
+	}
+	kv := a.arena.Cut(a.pack)
+	binary.BigEndian.PutUint64(kv, a.packEnd)
+	if err := a.b.Put(kv[:8:8], kv[8:]); err != nil {
+		return fmt.Errorf("outbox: put %d: %w", a.packEnd, err)
+	}
+	a.pack, a.packN, a.packEnd = nil, 0, 0
+	return nil
+}
+
+// Close puts the last pack and writes the counters for the entries
+// appended.
 func (a *Appender) Close() error {
+	if err := a.flush(); err != nil {
+		return err
+	}
 	if a.rows == 0 {
 		return nil
 	}
@@ -156,13 +230,24 @@ func ReadIn(tx *bolt.Tx, from uint64, max int, slab *boltkv.Arena, dst []Entry) 
 	}
 	c := b.Cursor()
 	for k, v := c.Seek(boltkv.Key(from)); k != nil && len(out) < max; k, v = c.Next() {
-		e, n, err := decode(k, v)
+		r, err := readRow(k, v)
 		if err != nil {
 			return out, err
 		}
-		data := v[n:]
-		e.Data = slab.Cut(append(slab.Room(len(data)), data...))
-		out = append(out, e)
+		for len(out) < max {
+			e, data, ok, err := r.next()
+			if err != nil {
+				return out, err
+			}
+			if !ok {
+				break
+			}
+			if e.Seq < from {
+				continue
+			}
+			e.Data = slab.Cut(append(slab.Room(len(data)), data...))
+			out = append(out, e)
+		}
 	}
 	return out, nil
 }
@@ -170,34 +255,171 @@ func ReadIn(tx *bolt.Tx, from uint64, max int, slab *boltkv.Arena, dst []Entry) 
 // Has reports whether the entry of sequence seq is still queued.
 func Has(tx *bolt.Tx, seq uint64) bool {
 	b := tx.Bucket(bucketRows)
-	return b != nil && b.Get(boltkv.Key(seq)) != nil
+	if b == nil {
+		return false
+	}
+	k, v := b.Cursor().Seek(boltkv.Key(seq))
+	if k == nil {
+		return false
+	}
+	r, err := readRow(k, v)
+	for err == nil {
+		var e Entry
+		var ok bool
+		if e, _, ok, err = r.next(); !ok || e.Seq > seq {
+			return false
+		}
+		if e.Seq == seq {
+			return true
+		}
+	}
+	return false
 }
 
-// Delete removes the entries with the given sequences (absent ones are skipped).
+// Delete removes the entries with the given sequences (absent ones are
+// skipped). A pack that loses some of its entries is written again with
+// the rest; one that loses all of them is deleted.
 func Delete(tx *bolt.Tx, seqs ...uint64) error {
 	b := tx.Bucket(bucketRows)
-	if b == nil {
+	if b == nil || len(seqs) == 0 {
 		return nil
 	}
+	if !slices.IsSorted(seqs) { // a copy: the caller's stay as they are
+		seqs = slices.Sorted(slices.Values(seqs))
+	}
 	var rows, size int64
-	// One cursor for every row: a Get and a Delete are a search each, and
-	// a new cursor each, which allocates its stack. Seek does not keep its
+	// One cursor for every pack, sought again after each change (a Put
+	// or a Delete may move the pages under it). Seek does not keep its
 	// key, so one key buffer serves all.
 	c := b.Cursor()
 	key := make([]byte, 8)
-	for _, s := range seqs {
-		binary.BigEndian.PutUint64(key, s)
+	for len(seqs) > 0 {
+		binary.BigEndian.PutUint64(key, seqs[0])
 		k, v := c.Seek(key)
-		if !bytes.Equal(k, key) {
-			continue
+		if k == nil {
+			break
 		}
-		rows--
-		size -= int64(8 + len(v))
-		if err := c.Delete(); err != nil {
-			return fmt.Errorf("outbox: delete %d: %w", s, err)
+		last := boltkv.Seq(k)
+		n, _ := slices.BinarySearch(seqs, last+1)
+		mine := seqs[:n] // the sequences this pack may hold
+		seqs = seqs[n:]
+		r, err := readRow(k, v)
+		if err != nil {
+			return err
+		}
+		var kept []byte
+		var keptN int
+		var keptEnd uint64
+		var dropped int
+		for {
+			e, data, ok, err := r.next()
+			if err != nil {
+				return err
+			}
+			if !ok {
+				break
+			}
+			for len(mine) > 0 && mine[0] < e.Seq {
+				mine = mine[1:]
+			}
+			if len(mine) > 0 && mine[0] == e.Seq {
+				dropped++
+				rows--
+				size -= entryBytes(e, data)
+				continue
+			}
+			if keptN == 0 {
+				kept = append(make([]byte, 0, len(v)), packMarker)
+			}
+			kept = appendPacked(kept, e, keptEnd, data)
+			keptN++
+			keptEnd = e.Seq
+		}
+		switch {
+		case dropped == 0:
+		case keptN == 0:
+			if err := c.Delete(); err != nil {
+				return fmt.Errorf("outbox: delete %d: %w", last, err)
+			}
+		default:
+			// The pack keeps its key, still at or past its entries and
+			// before every later pack's.
+			if err := b.Put(k, kept); err != nil {
+				return fmt.Errorf("outbox: put %d: %w", last, err)
+			}
 		}
 	}
 	return addMeta(tx, rows, size)
+}
+
+// appendPacked appends e, whose data is data, to a pack whose last entry
+// has sequence prev (0 for the first).
+func appendPacked(dst []byte, e Entry, prev uint64, data []byte) []byte {
+	dst = binary.AppendUvarint(dst, e.Seq-prev)
+	dst = append(dst, byte(e.Kind))
+	dst = binary.AppendVarint(dst, e.EmittedAt)
+	dst = binary.AppendUvarint(dst, uint64(len(data)))
+	return append(dst, data...)
+}
+
+// entryBytes is what an entry counts toward Stats.Bytes: its size as a row
+// of its own (key, kind, emitted-at and data), whichever way it is stored,
+// so that the bound on the outbox's bytes means what it did before packs.
+func entryBytes(e Entry, data []byte) int64 {
+	var at [binary.MaxVarintLen64]byte
+	return int64(8 + 1 + len(binary.AppendVarint(at[:0], e.EmittedAt)) + len(data))
+}
+
+// rowReader walks the entries of one stored value: a pack, or a row of
+// one entry.
+type rowReader struct {
+	v    []byte
+	seq  uint64 // the last entry's sequence; a single row's own
+	pack bool
+	done bool
+}
+
+func readRow(k, v []byte) (rowReader, error) {
+	if len(k) != 8 || len(v) < 2 {
+		return rowReader{}, fmt.Errorf("%w: key %x", ErrCorrupt, k)
+	}
+	if v[0] == packMarker {
+		return rowReader{v: v[1:], pack: true}, nil
+	}
+	return rowReader{v: v, seq: boltkv.Seq(k)}, nil
+}
+
+// next returns the next entry and its data (which aliases the value), or
+// ok false after the last.
+func (r *rowReader) next() (e Entry, data []byte, ok bool, err error) {
+	if r.done || r.pack && len(r.v) == 0 {
+		return Entry{}, nil, false, nil
+	}
+	if !r.pack {
+		r.done = true
+		e, n, err := decode(r.seq, r.v)
+		if err != nil {
+			return e, nil, false, err
+		}
+		return e, r.v[n:], true, nil
+	}
+	d, n := binary.Uvarint(r.v)
+	if n <= 0 || n >= len(r.v) {
+		return Entry{}, nil, false, fmt.Errorf("%w: pack after seq %d: sequence", ErrCorrupt, r.seq)
+	}
+	r.seq += d
+	e, m, err := decode(r.seq, r.v[n:])
+	if err != nil {
+		return e, nil, false, err
+	}
+	rest := r.v[n+m:]
+	size, l := binary.Uvarint(rest)
+	if l <= 0 || size > uint64(len(rest)-l) {
+		return e, nil, false, fmt.Errorf("%w: seq %d: data length", ErrCorrupt, r.seq)
+	}
+	data = rest[l : l+int(size) : l+int(size)]
+	r.v = rest[l+int(size):]
+	return e, data, true, nil
 }
 
 // Stats is the outbox's size.
@@ -219,7 +441,11 @@ func ReadStats(tx *bolt.Tx) (Stats, error) {
 	s.Bytes = boltkv.Uint(m, keyBytes)
 	if b := tx.Bucket(bucketRows); b != nil {
 		if k, v := b.Cursor().First(); k != nil {
-			e, _, err := decode(k, v)
+			r, err := readRow(k, v)
+			if err != nil {
+				return s, err
+			}
+			e, _, _, err := r.next()
 			if err != nil {
 				return s, err
 			}
@@ -240,23 +466,33 @@ func CountKind(tx *bolt.Tx, k Kind) (uint64, error) {
 	var n uint64
 	c := b.Cursor()
 	for key, v := c.First(); key != nil; key, v = c.Next() {
-		if len(v) == 0 {
-			return n, fmt.Errorf("%w: key %x", ErrCorrupt, key)
+		r, err := readRow(key, v)
+		if err != nil {
+			return n, err
 		}
-		if Kind(v[0]) == k {
-			n++
+		for {
+			e, _, ok, err := r.next()
+			if err != nil {
+				return n, err
+			}
+			if !ok {
+				break
+			}
+			if e.Kind == k {
+				n++
+			}
 		}
 	}
 	return n, nil
 }
 
-// decode decodes an entry's key and header; its data is v[n:], which the
-// caller copies if it must outlive the transaction.
-func decode(k, v []byte) (e Entry, n int, err error) {
-	if len(k) != 8 || len(v) < 2 {
-		return Entry{}, 0, fmt.Errorf("%w: key %x", ErrCorrupt, k)
+// decode decodes the header (kind and emitted-at) of the entry of sequence
+// seq at the start of v; what follows it starts at v[n:].
+func decode(seq uint64, v []byte) (e Entry, n int, err error) {
+	if len(v) < 2 {
+		return Entry{}, 0, fmt.Errorf("%w: seq %d", ErrCorrupt, seq)
 	}
-	e = Entry{Seq: binary.BigEndian.Uint64(k), Kind: Kind(v[0])}
+	e = Entry{Seq: seq, Kind: Kind(v[0])}
 	at, n := binary.Varint(v[1:])
 	if n <= 0 {
 		return e, 0, fmt.Errorf("%w: seq %d: emitted-at", ErrCorrupt, e.Seq)
