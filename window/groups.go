@@ -606,9 +606,13 @@ var chunkBytes = 256 << 10
 // the map, and the kernel's fault-around maps each with up to 15 cached
 // neighbours: a checkpoint that sweeps expired groups deletes thousands of
 // rows for a few bytes of keys each, and one such commit mapped 22 MiB of
-// the state file at once (load mode, 10,000 devices). 64 pages keep a
-// commit's pages near 4 MiB. It is a variable only so tests can set it.
-var chunkNodes int64 = 64
+// the state file at once (load mode, 10,000 devices). 32 pages keep a
+// commit's pages near 2 MiB: with 64, load mode's runs at 33-45k msgs/s
+// had 3.6-3.9 MiB of the state file mapped at their peaks, which then
+// missed the 40 MB target by up to 2.4 MiB; 16 peaked no lower than 32 for
+// more CPU (docs/performance.md, session 40). It is a variable only so
+// tests can set it.
+var chunkNodes int64 = 32
 
 // afterChunk, if set (by tests), runs after each transaction of a
 // checkpoint but its last commits; an error fails the checkpoint there.
