@@ -103,7 +103,8 @@ func (s *Subscription) setDefaults() { *s = Subscription{QoS: 1, Format: "json"}
 // Ingest tunes how received messages are committed to Bronze.
 type Ingest struct {
 	// CommitInterval is the longest a received message waits for its group
-	// commit (and so for its PUBACK).
+	// commit (and so for its PUBACK). Once a fifth of it has passed, a
+	// group commits as soon as the input paused for a tenth of it.
 	CommitInterval    Duration `yaml:"commit_interval"`
 	MaxCommitRecords  int      `yaml:"max_commit_records"`
 	ClockTickInterval Duration `yaml:"clock_tick_interval"`
@@ -309,7 +310,7 @@ func Default() *Config {
 			Subscriptions:        []Subscription{},
 		},
 		Ingest: Ingest{
-			CommitInterval:    Duration(10 * time.Millisecond),
+			CommitInterval:    Duration(50 * time.Millisecond),
 			MaxCommitRecords:  1000,
 			ClockTickInterval: Duration(time.Second),
 			MaxPayloadBytes:   256 << 10,

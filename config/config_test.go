@@ -59,7 +59,7 @@ func TestDefaults(t *testing.T) {
 		"mqtt.connect_timeout":                 "10s",
 		"mqtt.reconnect_max_interval":          "30s",
 		"mqtt.subscriptions":                   "[]",
-		"ingest.commit_interval":               "10ms",
+		"ingest.commit_interval":               "50ms",
 		"ingest.max_commit_records":            "1000",
 		"ingest.clock_tick_interval":           "1s",
 		"ingest.max_payload_bytes":             "256KiB",

@@ -156,3 +156,77 @@ func TestSplitBatchIsOneFullEpisode(t *testing.T) {
 		t.Errorf("%d 'room again' lines, want 1:\n%s", n, logs)
 	}
 }
+
+// timedAppender records when each group commit happened and its size.
+type timedAppender struct {
+	commits chan timedCommit
+}
+
+type timedCommit struct {
+	at      time.Time
+	records int
+}
+
+func (a *timedAppender) Append(recs []buffer.Record) error {
+	a.commits <- timedCommit{time.Now(), len(recs)}
+	return nil
+}
+
+// A group gathers messages for the whole commit interval while they keep
+// coming, and commits once they pause after a fifth of it: a burst that
+// ends (a broker whose window of unacknowledged messages is full) does not
+// wait out the interval, and sustained input gets fewer, larger commits.
+func TestGroupCommitLingersOnlyWhileInputFlows(t *testing.T) {
+	const interval, quiet = 4 * time.Second, 300 * time.Millisecond
+	app := &timedAppender{commits: make(chan timedCommit, 16)}
+	c := &committer{app: app, in: make(chan pending, 1000), interval: interval, quiet: quiet, maxBatch: 1000,
+		tick: time.Hour, clock: time.Now, log: slog.New(slog.DiscardHandler),
+		backoff: commitBackoff{time.Millisecond, time.Millisecond}, stats: &Stats{}, budget: newByteBudget(maxQueuedBytes)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.run(ctx)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	msg := func() pending {
+		return pending{rec: buffer.Record{Kind: buffer.KindMessage, Topic: "sensors/d1/telemetry", Payload: []byte("1")}}
+	}
+	next := func(what string) timedCommit {
+		t.Helper()
+		select {
+		case cm := <-app.commits:
+			return cm
+		case <-time.After(3 * interval):
+			t.Fatalf("%s: no commit", what)
+			return timedCommit{}
+		}
+	}
+
+	// A burst, then nothing.
+	start := time.Now()
+	for range 5 {
+		c.in <- msg()
+	}
+	cm := next("burst")
+	if waited := cm.at.Sub(start); cm.records != 5 || waited < interval/5 || waited >= interval/2 {
+		t.Errorf("a burst of 5 committed %d records after %v, want all 5 after a fifth of the %v interval plus the pause, not the whole interval", cm.records, waited, interval)
+	}
+
+	// A message every 10 ms for longer than the interval.
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	start = time.Now()
+	c.in <- msg()
+	for time.Since(start) < interval+2*time.Second {
+		<-tick.C
+		c.in <- msg()
+	}
+	cm = next("sustained")
+	if waited := cm.at.Sub(start); waited < interval-50*time.Millisecond || waited >= interval+2*time.Second {
+		t.Errorf("sustained input committed first after %v (%d records), want after the %v interval, no sooner and not at the input's end", waited, cm.records, interval)
+	}
+}

@@ -180,6 +180,7 @@ func New(app Appender, cfg Config) (*Ingester, error) {
 		app:      app,
 		in:       make(chan pending, 2*cfg.MaxCommitRecords),
 		interval: cfg.CommitInterval,
+		quiet:    cfg.CommitInterval / 10,
 		maxBatch: cfg.MaxCommitRecords,
 		tick:     cfg.ClockTick,
 		clock:    cfg.Clock,

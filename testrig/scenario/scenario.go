@@ -419,7 +419,7 @@ const (
 	DefaultIdleTimeout       = 3 * time.Second
 	DefaultTriggerInterval   = 200 * time.Millisecond
 	DefaultClockTickInterval = 200 * time.Millisecond
-	DefaultCommitInterval    = 10 * time.Millisecond
+	DefaultCommitInterval    = 50 * time.Millisecond
 	DefaultMaxPayloadBytes   = 256 << 10
 	DefaultMaxFutureSkew     = 5 * time.Minute
 	DefaultMaxPastSkew       = 720 * time.Hour
