@@ -230,23 +230,15 @@ func ReadIn(tx *bolt.Tx, from uint64, max int, slab *boltkv.Arena, dst []Entry) 
 	}
 	c := b.Cursor()
 	for k, v := c.Seek(boltkv.Key(from)); k != nil && len(out) < max; k, v = c.Next() {
-		r, err := readRow(k, v)
+		err := eachEntry(k, v, func(e Entry, data []byte) bool {
+			if e.Seq >= from {
+				e.Data = slab.Cut(append(slab.Room(len(data)), data...))
+				out = append(out, e)
+			}
+			return len(out) < max
+		})
 		if err != nil {
 			return out, err
-		}
-		for len(out) < max {
-			e, data, ok, err := r.next()
-			if err != nil {
-				return out, err
-			}
-			if !ok {
-				break
-			}
-			if e.Seq < from {
-				continue
-			}
-			e.Data = slab.Cut(append(slab.Room(len(data)), data...))
-			out = append(out, e)
 		}
 	}
 	return out, nil
@@ -262,18 +254,12 @@ func Has(tx *bolt.Tx, seq uint64) bool {
 	if k == nil {
 		return false
 	}
-	r, err := readRow(k, v)
-	for err == nil {
-		var e Entry
-		var ok bool
-		if e, _, ok, err = r.next(); !ok || e.Seq > seq {
-			return false
-		}
-		if e.Seq == seq {
-			return true
-		}
-	}
-	return false
+	found := false
+	err := eachEntry(k, v, func(e Entry, _ []byte) bool {
+		found = e.Seq == seq
+		return e.Seq < seq
+	})
+	return err == nil && found
 }
 
 // Delete removes the entries with the given sequences (absent ones are
@@ -303,41 +289,32 @@ func Delete(tx *bolt.Tx, seqs ...uint64) error {
 		n, _ := slices.BinarySearch(seqs, last+1)
 		mine := seqs[:n] // the sequences this pack may hold
 		seqs = seqs[n:]
-		r, err := readRow(k, v)
-		if err != nil {
-			return err
-		}
-		var kept []byte
-		var keptN int
+		var kept []byte // the pack's other entries, nil while none
 		var keptEnd uint64
-		var dropped int
-		for {
-			e, data, ok, err := r.next()
-			if err != nil {
-				return err
-			}
-			if !ok {
-				break
-			}
+		dropped := false
+		err := eachEntry(k, v, func(e Entry, data []byte) bool {
 			for len(mine) > 0 && mine[0] < e.Seq {
 				mine = mine[1:]
 			}
 			if len(mine) > 0 && mine[0] == e.Seq {
-				dropped++
+				dropped = true
 				rows--
 				size -= entryBytes(e, data)
-				continue
+				return true
 			}
-			if keptN == 0 {
+			if kept == nil {
 				kept = append(make([]byte, 0, len(v)), packMarker)
 			}
 			kept = appendPacked(kept, e, keptEnd, data)
-			keptN++
 			keptEnd = e.Seq
+			return true
+		})
+		if err != nil {
+			return err
 		}
 		switch {
-		case dropped == 0:
-		case keptN == 0:
+		case !dropped:
+		case kept == nil:
 			if err := c.Delete(); err != nil {
 				return fmt.Errorf("outbox: delete %d: %w", last, err)
 			}
@@ -370,56 +347,44 @@ func entryBytes(e Entry, data []byte) int64 {
 	return int64(8 + 1 + len(binary.AppendVarint(at[:0], e.EmittedAt)) + len(data))
 }
 
-// rowReader walks the entries of one stored value: a pack, or a row of
-// one entry.
-type rowReader struct {
-	v    []byte
-	seq  uint64 // the last entry's sequence; a single row's own
-	pack bool
-	done bool
-}
-
-func readRow(k, v []byte) (rowReader, error) {
+// eachEntry calls fn with each entry of one stored value, a pack or a row
+// of one entry, in sequence order, until fn returns false. The data
+// aliases the value.
+func eachEntry(k, v []byte, fn func(e Entry, data []byte) (more bool)) error {
 	if len(k) != 8 || len(v) < 2 {
-		return rowReader{}, fmt.Errorf("%w: key %x", ErrCorrupt, k)
+		return fmt.Errorf("%w: key %x", ErrCorrupt, k)
 	}
-	if v[0] == packMarker {
-		return rowReader{v: v[1:], pack: true}, nil
-	}
-	return rowReader{v: v, seq: boltkv.Seq(k)}, nil
-}
-
-// next returns the next entry and its data (which aliases the value), or
-// ok false after the last.
-func (r *rowReader) next() (e Entry, data []byte, ok bool, err error) {
-	if r.done || r.pack && len(r.v) == 0 {
-		return Entry{}, nil, false, nil
-	}
-	if !r.pack {
-		r.done = true
-		e, n, err := decode(r.seq, r.v)
+	if v[0] != packMarker {
+		e, n, err := decode(boltkv.Seq(k), v)
 		if err != nil {
-			return e, nil, false, err
+			return err
 		}
-		return e, r.v[n:], true, nil
+		fn(e, v[n:])
+		return nil
 	}
-	d, n := binary.Uvarint(r.v)
-	if n <= 0 || n >= len(r.v) {
-		return Entry{}, nil, false, fmt.Errorf("%w: pack after seq %d: sequence", ErrCorrupt, r.seq)
+	var seq uint64
+	for rest := v[1:]; len(rest) > 0; {
+		d, n := binary.Uvarint(rest)
+		if n <= 0 || n >= len(rest) {
+			return fmt.Errorf("%w: pack after seq %d: sequence", ErrCorrupt, seq)
+		}
+		seq += d
+		e, m, err := decode(seq, rest[n:])
+		if err != nil {
+			return err
+		}
+		rest = rest[n+m:]
+		size, l := binary.Uvarint(rest)
+		if l <= 0 || size > uint64(len(rest)-l) {
+			return fmt.Errorf("%w: seq %d: data length", ErrCorrupt, seq)
+		}
+		end := l + int(size)
+		if !fn(e, rest[l:end:end]) {
+			return nil
+		}
+		rest = rest[end:]
 	}
-	r.seq += d
-	e, m, err := decode(r.seq, r.v[n:])
-	if err != nil {
-		return e, nil, false, err
-	}
-	rest := r.v[n+m:]
-	size, l := binary.Uvarint(rest)
-	if l <= 0 || size > uint64(len(rest)-l) {
-		return e, nil, false, fmt.Errorf("%w: seq %d: data length", ErrCorrupt, r.seq)
-	}
-	data = rest[l : l+int(size) : l+int(size)]
-	r.v = rest[l+int(size):]
-	return e, data, true, nil
+	return nil
 }
 
 // Stats is the outbox's size.
@@ -441,15 +406,13 @@ func ReadStats(tx *bolt.Tx) (Stats, error) {
 	s.Bytes = boltkv.Uint(m, keyBytes)
 	if b := tx.Bucket(bucketRows); b != nil {
 		if k, v := b.Cursor().First(); k != nil {
-			r, err := readRow(k, v)
+			err := eachEntry(k, v, func(e Entry, _ []byte) bool {
+				s.Oldest = e.EmittedAt
+				return false
+			})
 			if err != nil {
 				return s, err
 			}
-			e, _, _, err := r.next()
-			if err != nil {
-				return s, err
-			}
-			s.Oldest = e.EmittedAt
 		}
 	}
 	return s, nil
@@ -466,21 +429,14 @@ func CountKind(tx *bolt.Tx, k Kind) (uint64, error) {
 	var n uint64
 	c := b.Cursor()
 	for key, v := c.First(); key != nil; key, v = c.Next() {
-		r, err := readRow(key, v)
-		if err != nil {
-			return n, err
-		}
-		for {
-			e, _, ok, err := r.next()
-			if err != nil {
-				return n, err
-			}
-			if !ok {
-				break
-			}
+		err := eachEntry(key, v, func(e Entry, _ []byte) bool {
 			if e.Kind == k {
 				n++
 			}
+			return true
+		})
+		if err != nil {
+			return n, err
 		}
 	}
 	return n, nil
