@@ -547,7 +547,7 @@ func startHeapPacing(on bool) (stop func()) {
 // load mode.
 func setMaxProcs(log *slog.Logger, maxProcs int, env string) {
 	if env != "" {
-		log.Info("scheduler threads", "max_procs", runtime.GOMAXPROCS(0), "from", "GOMAXPROCS")
+		log.Info("scheduler threads", "max_procs", runtime.GOMAXPROCS(0), "from", "GOMAXPROCS", "sysmon", sysmonMode())
 		return
 	}
 	n := maxProcs
@@ -555,7 +555,7 @@ func setMaxProcs(log *slog.Logger, maxProcs int, env string) {
 		n = runtime.NumCPU()
 	}
 	runtime.GOMAXPROCS(n)
-	log.Info("scheduler threads", "max_procs", n, "from", "processing.max_procs")
+	log.Info("scheduler threads", "max_procs", n, "from", "processing.max_procs", "sysmon", sysmonMode())
 }
 
 // invalidConfig reports whether err is a stage's refusal of its settings.

@@ -15,6 +15,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -784,4 +785,52 @@ func TestSighupReloadsConfig(t *testing.T) {
 	tick.Stop()
 	mqtttest.WaitFor(t, 30*time.Second, "the agent serving after a burst of SIGHUPs", func() bool { alive(); return interval() == 3 })
 	p.stop(t)
+}
+
+// `edgeagent run` starts over with GODEBUG's schedtrace set (see
+// sysmon_linux.go), keeping what GODEBUG held; a GODEBUG that names
+// schedtrace, 0 included, is left alone.
+func TestRunQuietsSysmon(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the system monitor is quieted on Linux only")
+	}
+	cases := []struct {
+		name, godebug, wantEnv, wantLog string
+	}{
+		{"unset", "", "GODEBUG=" + quietSchedtrace, "sysmon=quiet"},
+		{"kept", "madvdontneed=1", "GODEBUG=madvdontneed=1," + quietSchedtrace, "sysmon=quiet"},
+		{"turned off", "schedtrace=0", "GODEBUG=schedtrace=0", "sysmon=default"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			addr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+			cfgPath := writeConfig(t, dir, embeddedAgentConfig("gw-sysmon", dir, addr))
+			p := startAgentWith(t, func(cmd *exec.Cmd) {
+				cmd.Env = slices.DeleteFunc(cmd.Env, func(kv string) bool { return strings.HasPrefix(kv, "GODEBUG=") })
+				if c.godebug != "" {
+					cmd.Env = append(cmd.Env, "GODEBUG="+c.godebug)
+				}
+			}, "run", "-c", cfgPath)
+			p.waitLog(t, "scheduler threads")
+			// The process started is the one running: exec keeps the pid.
+			environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", p.cmd.Process.Pid))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, kv := range strings.Split(string(environ), "\x00") {
+				if strings.HasPrefix(kv, "GODEBUG=") {
+					got = append(got, kv)
+				}
+			}
+			if len(got) != 1 || got[0] != c.wantEnv {
+				t.Fatalf("the running agent's GODEBUG: %q, want [%q]", got, c.wantEnv)
+			}
+			p.stop(t)
+			if !strings.Contains(p.logs.String(), c.wantLog) {
+				t.Fatalf("want %q in the log:\n%s", c.wantLog, p.logs)
+			}
+		})
+	}
 }

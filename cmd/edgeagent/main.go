@@ -17,6 +17,7 @@ var (
 )
 
 func main() {
+	quietSysmon(os.Args) // first: it may replace the process image
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	os.Exit(Run(ctx, os.Args[1:], os.Stdout, os.Stderr))
