@@ -31,8 +31,8 @@ const quietSchedtrace = "schedtrace=2147483647"
 // process, as it would have). GODEBUG is read once, when the runtime
 // starts, so it cannot be set from inside. A GODEBUG that names schedtrace
 // already (schedtrace=0 turns this off) is left as it is, which also stops
-// the new image from doing it again. If the exec fails (no /proc), the
-// agent runs on as it is.
+// the new image from doing it again. If the exec fails (no /proc, the file
+// removed since), the agent runs on as it is.
 func quietSysmon(args []string) {
 	if len(args) < 2 || args[1] != "run" {
 		return
@@ -52,9 +52,14 @@ func quietSysmon(args []string) {
 		}
 	}
 	env = append(env, "GODEBUG="+value)
-	// /proc/self/exe is this process's executable even if the file was
-	// replaced since (a package upgrade); argv stays as it was.
-	_ = syscall.Exec("/proc/self/exe", args, env) // returns only if it failed
+	// The executable's path, not /proc/self/exe, which would name the
+	// process "exe" (its comm, what ps and systemd show). argv stays as it
+	// was.
+	exe, err := os.Executable()
+	if err != nil {
+		return
+	}
+	_ = syscall.Exec(exe, args, env) // returns only if it failed
 }
 
 // namesSetting reports whether the GODEBUG value godebug sets name, or,
