@@ -511,8 +511,9 @@ func writeGroups(w *chunkWriter, bucket []byte, fill float64, changes []rowChang
 		names.s = changes[i:j]
 		sort.Sort(names)
 		key = appendGroupKey(key[:0], changes[i].at, changes[i].shard)
-		b := w.bucket(bucket, fill)
-		g, err := readGroup(b, key, committed)
+		c := w.cursor(bucket, fill)
+		b := c.Bucket()
+		g, err := seekGroup(c, key, committed)
 		if err != nil {
 			return err
 		}
@@ -548,10 +549,12 @@ func writeGroups(w *chunkWriter, bucket []byte, fill float64, changes []rowChang
 			}
 			*sweep = append(*sweep, bytes.Clone(target))
 		}
-		for _, k := range slices.Concat(g.older, g.garbage) {
-			if !bytes.Equal(k, target) {
-				if err := b.Delete(bytes.Clone(k)); err != nil {
-					return fmt.Errorf("delete group version %x: %w", k, err)
+		for _, keys := range [...][][]byte{g.older, g.garbage} {
+			for _, k := range keys {
+				if !bytes.Equal(k, target) {
+					if err := deleteKey(c, k); err != nil {
+						return fmt.Errorf("delete group version %x: %w", k, err)
+					}
 				}
 			}
 		}
@@ -571,7 +574,7 @@ func writeGroups(w *chunkWriter, bucket []byte, fill float64, changes []rowChang
 // transactions are cut, nothing changes what is loaded.
 func sweepGroups(w *chunkWriter, bucket []byte, keys [][]byte) error {
 	for _, k := range keys {
-		if err := w.bucket(bucket, 0).Delete(k); err != nil {
+		if err := deleteKey(w.cursor(bucket, 0), k); err != nil {
 			return fmt.Errorf("sweep group version %x: %w", k, err)
 		}
 		if err := w.wrote(len(k)); err != nil {
@@ -592,7 +595,9 @@ type chunkWriter struct {
 	ar      *boltkv.Arena // the current transaction's values
 	written int
 	chunks  int
-	parked  *parkArena // the engine's, which putParked changes point into
+	parked  *parkArena   // the engine's, which putParked changes point into
+	cur     *bolt.Cursor // see cursor
+	curName []byte
 }
 
 // chunkBytes bounds the rows one transaction of a checkpoint writes: a
@@ -623,20 +628,35 @@ func (w *chunkWriter) begin() error {
 	if err != nil {
 		return fmt.Errorf("begin state transaction: %w", err)
 	}
-	w.tx, w.written = tx, 0
+	w.tx, w.written, w.cur = tx, 0, nil
 	w.ar.Reset() // the last transaction ended
 	w.chunks++
 	return nil
 }
 
-// bucket returns the current transaction's bucket name, its pages filled
-// to fill if that is not 0.
-func (w *chunkWriter) bucket(name []byte, fill float64) *bolt.Bucket {
-	b := w.tx.Bucket(name)
-	if fill != 0 {
-		b.FillPercent = fill
+// cursor returns a cursor on the current transaction's bucket name, its
+// pages filled to fill if that is not 0. The cursor is the same until the
+// transaction or the bucket changes: every use seeks afresh (a Put or a
+// Delete may move the pages under it), and a cursor of its own per group
+// grew a new search stack each time (with Bucket.Delete's, a fifth of what
+// a load-mode checkpoint allocated by count).
+func (w *chunkWriter) cursor(name []byte, fill float64) *bolt.Cursor {
+	if w.cur == nil || !bytes.Equal(w.curName, name) {
+		w.cur, w.curName = w.tx.Bucket(name).Cursor(), name
 	}
-	return b
+	if fill != 0 {
+		w.cur.Bucket().FillPercent = fill
+	}
+	return w.cur
+}
+
+// deleteKey deletes k, if present, from c's bucket through c, as
+// Bucket.Delete does through a cursor it makes.
+func deleteKey(c *bolt.Cursor, k []byte) error {
+	if found, _ := c.Seek(k); !bytes.Equal(found, k) {
+		return nil
+	}
+	return c.Delete()
 }
 
 // wrote counts n bytes written; past chunkBytes, or once the transaction
@@ -905,7 +925,11 @@ func (g *groupVersions) row() []byte {
 
 // readGroup returns the versions of the group keyed k.
 func readGroup(b *bolt.Bucket, k []byte, committed uint64) (groupVersions, error) {
-	c := b.Cursor()
+	return seekGroup(b.Cursor(), k, committed)
+}
+
+// seekGroup is readGroup through c, which it moves.
+func seekGroup(c *bolt.Cursor, k []byte, committed uint64) (groupVersions, error) {
 	key, v := c.Seek(k)
 	g, _, _, err := versionsAt(c, key, v, k, committed)
 	return g, err
