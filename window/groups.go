@@ -422,9 +422,10 @@ func eachWindowChange(e *engine, lo, hi int64, fn func(rowChange)) {
 
 // windowPortions returns the start times that end the portions of window
 // changes (see windowPortion), ascending: consecutive starts whose changes
-// add up to at most windowPortion, or a start of its own with more.
-// Starts are on the slide grid, so a checkpoint has few distinct ones.
-func windowPortions(e *engine) []int64 {
+// add up to at most windowPortion, or a start of its own with more; and
+// the most changes one portion holds. Starts are on the slide grid, so a
+// checkpoint has few distinct ones.
+func windowPortions(e *engine) (ends []int64, largest int) {
 	perStart := map[int64]int{}
 	eachWindowChange(e, math.MinInt64, math.MaxInt64, func(c rowChange) { perStart[c.at]++ })
 	// Sorted as uint64 with the sign bit flipped, which keeps their order:
@@ -435,15 +436,14 @@ func windowPortions(e *engine) []int64 {
 		starts = append(starts, uint64(at)^1<<63)
 	}
 	slices.Sort(starts)
-	var ends []int64
 	for i, n := 0, 0; i < len(starts); i++ {
 		at := int64(starts[i] ^ 1<<63)
 		n += perStart[at]
 		if i+1 == len(starts) || n+perStart[int64(starts[i+1]^1<<63)] > windowPortion {
-			ends, n = append(ends, at), 0
+			ends, largest, n = append(ends, at), max(largest, n), 0
 		}
 	}
-	return ends
+	return ends, largest
 }
 
 // windowChanges appends the checkpoint's window deletes and puts with a

@@ -338,7 +338,8 @@ func TestResetStateDropsTheOldLayout(t *testing.T) {
 // TestWindowPortionsKeepStartsWhole: a checkpoint writes its window
 // changes in portions of consecutive starts of at most windowPortion
 // changes, or one start of its own with more; each start is in exactly
-// one portion, so each group row is merged once.
+// one portion, so each group row is merged once; and it says how many the
+// largest holds (the checkpoint's array is made that large).
 func TestWindowPortionsKeepStartsWhole(t *testing.T) {
 	defer func(was int) { windowPortion = was }(windowPortion)
 	cfg := testConfig(t)
@@ -357,16 +358,17 @@ func TestWindowPortionsKeepStartsWhole(t *testing.T) {
 		ends    []int64
 	}{{3, []int64{10, 20, 30, 40}}, {5, []int64{20, 30, 40}}, {100, []int64{40}}} {
 		windowPortion = c.portion
-		ends := windowPortions(e)
+		ends, largest := windowPortions(e)
 		if !slices.Equal(ends, c.ends) {
 			t.Fatalf("portions of %d: ends %v, want %v", c.portion, ends, c.ends)
 		}
-		lo, seen := int64(math.MinInt64), map[int64]int{}
+		lo, seen, most := int64(math.MinInt64), map[int64]int{}, 0
 		for _, hi := range ends {
 			changes := windowChanges(nil, e, lo, hi)
 			if len(changes) > c.portion && len(changes) != perStart[hi] {
 				t.Fatalf("portions of %d: %d changes through %d", c.portion, len(changes), hi)
 			}
+			most = max(most, len(changes))
 			for _, ch := range changes {
 				seen[ch.at]++
 			}
@@ -374,6 +376,9 @@ func TestWindowPortionsKeepStartsWhole(t *testing.T) {
 		}
 		if !maps.Equal(seen, perStart) {
 			t.Fatalf("portions of %d: changes by start %v, want %v", c.portion, seen, perStart)
+		}
+		if largest != most {
+			t.Fatalf("portions of %d: the largest said to hold %d changes, the largest holds %d", c.portion, largest, most)
 		}
 	}
 }
