@@ -560,8 +560,8 @@ func writeCheckpoint(w *chunkWriter, e *engine, sweep *groupSweep) (groupSweep, 
 	// order (see windowPortion); the others then reuse their array (a
 	// load-mode checkpoint's three arrays took 7 MB together).
 	// One array for all, made at the size the largest needs: grown by
-	// appends through the first portion it cost three to four times that
-	// (load mode: 4 % of all the agent allocated).
+	// appends, every doubling left the array before it as garbage (load
+	// mode: 4 % of all the agent allocated).
 	ends, largest := windowPortions(e)
 	changes := make([]rowChange, 0, max(largest, e.dedupRows, len(e.delDevs)+len(e.dirtyDevs)))
 	lo := int64(math.MinInt64)
