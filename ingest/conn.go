@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
@@ -356,6 +357,40 @@ type connOptions struct {
 	opened     func(*bufferedConn)
 }
 
+// dialTLS is tls.DialWithDialer over a connection whose reads are batched
+// (batchedReads): the dialer's timeout bounds the dial and the handshake
+// together, and an empty ServerName is addr's host.
+func dialTLS(d *net.Dialer, addr string, config *tls.Config) (net.Conn, error) {
+	ctx := context.Background()
+	if d.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d.Timeout)
+		defer cancel()
+	}
+	raw, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if config == nil {
+		config = new(tls.Config)
+	}
+	if config.ServerName == "" {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			raw.Close()
+			return nil, err
+		}
+		config = config.Clone()
+		config.ServerName = host
+	}
+	c := tls.Client(batchedReads(raw), config)
+	if err := c.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
 // bufferedDial opens broker connections for paho — TCP, TLS and WebSocket
 // (dialled as paho would: its NewWebsocket, without the URL's user) —
 // through a bufferedConn that hands PUBLISH packets to publish. Other
@@ -372,7 +407,9 @@ func bufferedDial(scheme string, co connOptions) (paho.OpenConnectionFunc, bool)
 		var err error
 		switch uri.Scheme {
 		case "tcp", "mqtt":
-			c, err = d.Dial("tcp", uri.Host)
+			if c, err = d.Dial("tcp", uri.Host); err == nil {
+				c = batchedReads(c)
+			}
 		case "ws", "wss":
 			// A WebSocket message is read as it streams in (gorilla's
 			// NextReader), so the bounds below hold over it too.
@@ -384,7 +421,7 @@ func bufferedDial(scheme string, co connOptions) (paho.OpenConnectionFunc, bool)
 			}
 			c, err = paho.NewWebsocket(dialURI.String(), tlsc, o.ConnectTimeout, o.HTTPHeaders, o.WebsocketOptions)
 		default:
-			c, err = tls.DialWithDialer(d, "tcp", uri.Host, o.TLSConfig)
+			c, err = dialTLS(d, uri.Host, o.TLSConfig)
 		}
 		if err != nil {
 			return nil, err
