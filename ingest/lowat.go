@@ -11,9 +11,9 @@ import (
 // lowatConn is a broker TCP connection whose reads wake once a batch of
 // bytes has arrived, not on every segment. Under load the broker's stream
 // arrives a few messages at a time, and each wake-up cost an epoll wait, a
-// read and a context switch: about 1,000-2,700 a second at 25,000 msgs/s,
-// which on a virtual machine's expensive system calls was more than a
-// tenth of the agent's CPU.
+// read and a context switch: 800-2,700 a second at 25,000 msgs/s, which on
+// a virtual machine's costly system calls was about a tenth of the agent's
+// CPU.
 //
 // While the stream runs fast, the socket's receive low-water mark
 // (SO_RCVLOWAT, Linux) is set to half of what arrives in wait at the
@@ -43,9 +43,10 @@ type lowatConn struct {
 }
 
 const (
-	// lowatWait bounds how long a read waits for the mark: 10 ms against
-	// 4 ms took the broker socket's reads from about 1,400 to 320 a second
-	// at 25,000 msgs/s (docs/performance.md, session 44).
+	// lowatWait bounds how long a read waits for the mark. At 25,000
+	// msgs/s the broker socket's reads fell from 800-2,000 a second to
+	// about 320 (docs/performance.md, session 44), for at most 10 ms more
+	// before a message's commit.
 	lowatWait = 10 * time.Millisecond
 	// lowatPeriod is how often the mark follows the stream's rate.
 	lowatPeriod = 100 * time.Millisecond
