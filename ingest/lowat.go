@@ -113,8 +113,11 @@ func (c *lowatConn) follow(n int) {
 	}
 	c.want = want
 	c.setTo(want)
-	if want == 1 && !c.external.Load() {
-		// The batching is off: no deadline is left to expire.
+	if c.want == 1 && !c.external.Load() {
+		// The batching is off (or the kernel refused the mark): no
+		// deadline of the last read is left to expire on a plain one.
+		// It fails only on a closed connection, which the next read
+		// reports.
 		_ = c.TCPConn.SetReadDeadline(time.Time{})
 	}
 }
