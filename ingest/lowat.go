@@ -88,6 +88,9 @@ func (c *lowatConn) Read(p []byte) (int, error) {
 // follow counts n bytes read and, once a period has passed, sets the mark
 // the period's rate calls for.
 func (c *lowatConn) follow(n int) {
+	if c.broken {
+		return // plain reads for good: no deadlines either
+	}
 	c.periodBytes += n
 	now := c.now()
 	if c.periodStart.IsZero() {
