@@ -134,7 +134,7 @@ func Open(path string, opts Options) (*Bronze, error) {
 	}
 	// Group-readable, so that the umask decides: under the unit's
 	// UMask=0027 members of group edgeagent can inspect a stopped agent.
-	db, err := boltkv.Open(path, 0o640, opts.ReadOnly)
+	db, err := boltkv.Open(path, 0o640, opts.ReadOnly, 0)
 	if err != nil {
 		if errors.Is(err, bolt.ErrTimeout) {
 			return nil, fmt.Errorf("open bronze %s: locked by another process (is the agent running?): %w", path, err)

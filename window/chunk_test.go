@@ -335,7 +335,8 @@ func TestCheckpointTransactionsBoundChangedPages(t *testing.T) {
 	db := openDB(t, "", true)
 	bucket := []byte("rows")
 	value := bytes.Repeat([]byte("v"), 500)
-	const rows = 8_000 // about 4 MB, seven rows a leaf page
+	const rows = 8_000                      // about 4 MB
+	step := db.Info().PageSize / len(value) // a little more than a leaf page's rows
 	err := db.Update(func(tx *bolt.Tx) error {
 		b, err := tx.CreateBucket(bucket)
 		if err != nil {
@@ -352,7 +353,7 @@ func TestCheckpointTransactionsBoundChangedPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	var sweep [][]byte
-	for i := 0; i < rows; i += 8 { // one row a page or so
+	for i := 0; i < rows; i += step { // one row a page or so
 		sweep = append(sweep, rowKey(i))
 	}
 
@@ -401,7 +402,7 @@ func TestCheckpointTransactionsBoundChangedPages(t *testing.T) {
 	err = db.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucket)
 		for i := range rows {
-			if got, want := b.Get(rowKey(i)) != nil, i%8 != 0; got != want {
+			if got, want := b.Get(rowKey(i)) != nil, i%step != 0; got != want {
 				return fmt.Errorf("row %d present %v, want %v", i, got, want)
 			}
 		}

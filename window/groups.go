@@ -56,6 +56,21 @@ var (
 // group.
 var groupShards uint32 = 1024
 
+// StatePageSize is the page size a new state database is made with
+// (bbolt's PageSize; a file keeps the size it was made with). A
+// checkpoint reads and rewrites thousands of group rows spread over the
+// file, and bbolt's cost follows the pages it touches more than the bytes:
+// each page read after a release is a page fault, each changed page a
+// node to build, split and write. With 4 KiB pages a leaf held about two
+// groups (both versions of each), a changed group cost a page of its own,
+// and a group over about 2 KiB an overflow page: under sustained load
+// (10,000 devices, 120 s) the checkpoints took 56 % of the agent's CPU,
+// 18-22 s per million readings in all; with 32 KiB pages 11.8-12.7 s
+// (16 KiB: 13.6-13.9, 64 KiB: 11.7-12.6). The price is at a quiet
+// gateway, where every commit writes its few pages whole: 74 % more bytes
+// written (Bronze's pages stay 4 KiB). docs/performance.md, session 46.
+const StatePageSize = 32 << 10
+
 // shardOf is the FNV-1a hash of the device name modulo groupShards.
 func shardOf(dev string) uint16 {
 	h := uint32(2166136261)

@@ -22,14 +22,14 @@ import (
 // t0 is the start of every generated stream.
 var t0 = time.Date(2024, 3, 1, 12, 0, 0, 0, time.UTC)
 
-// openDB opens a real state database in a temp dir and checks its
-// consistency when the test ends.
+// openDB opens a real state database in a temp dir, with the agent's
+// page size, and checks its consistency when the test ends.
 func openDB(t testing.TB, path string, noSync bool) *bolt.DB {
 	t.Helper()
 	if path == "" {
 		path = filepath.Join(t.TempDir(), "state.db")
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second, NoSync: noSync})
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second, NoSync: noSync, PageSize: StatePageSize})
 	if err != nil {
 		t.Fatalf("open state db: %v", err)
 	}

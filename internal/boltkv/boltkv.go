@@ -56,7 +56,9 @@ func AddInt(b *bolt.Bucket, k []byte, delta int64) error {
 var ErrDamaged = errors.New("the file is damaged")
 
 // Open opens the database at path with Options, reporting a damaged file
-// as ErrDamaged instead of bbolt's panic or its bare format errors.
+// as ErrDamaged instead of bbolt's panic or its bare format errors. A new
+// file gets pages of pageSize bytes (0: the OS page size); an existing
+// one keeps the size it was made with.
 //
 // A writable open of a file whose freelist is not stored (NoFreelistSync)
 // makes bbolt walk every page to rebuild it, and a damaged page there
@@ -71,7 +73,7 @@ var ErrDamaged = errors.New("the file is damaged")
 // any of it is mapped: reading a mapped page past the end of a file is a
 // SIGBUS, which no recover catches. An empty file is left to bbolt, which
 // initialises it.
-func Open(path string, mode os.FileMode, readOnly bool) (*bolt.DB, error) {
+func Open(path string, mode os.FileMode, readOnly bool, pageSize int) (*bolt.DB, error) {
 	fi, err := os.Stat(path)
 	if err == nil && fi.Size() == 0 && readOnly {
 		// bbolt cannot initialise it read-only ("bad file descriptor").
@@ -85,14 +87,18 @@ func Open(path string, mode os.FileMode, readOnly bool) (*bolt.DB, error) {
 			return nil, err
 		}
 	}
-	return open(path, mode, readOnly)
+	o := Options(readOnly)
+	o.PageSize = pageSize
+	return open(path, mode, o)
 }
 
 // checkLength compares the file's length with the page count its newest
 // valid meta page records (bbolt's layout: two meta pages, each a 16-byte
 // page header, then magic, version, page size, flags, root bucket (16),
 // freelist page, page count, transaction id, and an FNV-64a checksum of
-// the fields before it).
+// the fields before it). The second meta page is one page in: with the
+// first unreadable, its offset is searched as bbolt does, at every power
+// of two from 1 KiB.
 func checkLength(path string, size int64) error {
 	f, err := os.Open(path)
 	if err != nil {
@@ -114,10 +120,17 @@ func checkLength(path string, size int64) error {
 		return binary.LittleEndian.Uint32(m[8:]), binary.LittleEndian.Uint64(m[40:]), binary.LittleEndian.Uint64(m[48:]), true
 	}
 	ps, pages, txid, ok0 := readMeta(0)
-	if !ok0 {
-		ps = uint32(os.Getpagesize())
+	var ps1 uint32
+	var pages1, txid1 uint64
+	ok1 := false
+	if ok0 {
+		ps1, pages1, txid1, ok1 = readMeta(int64(ps))
+	} else {
+		for off := int64(1024); off <= 16<<20 && off < size && !ok1; off <<= 1 {
+			ps1, pages1, txid1, ok1 = readMeta(off)
+			ok1 = ok1 && int64(ps1) == off
+		}
 	}
-	ps1, pages1, txid1, ok1 := readMeta(int64(ps))
 	switch {
 	case !ok0 && !ok1:
 		return fmt.Errorf("%w: no valid meta page (%d bytes)", ErrDamaged, size)
@@ -130,13 +143,13 @@ func checkLength(path string, size int64) error {
 	return nil
 }
 
-func open(path string, mode os.FileMode, readOnly bool) (db *bolt.DB, err error) {
+func open(path string, mode os.FileMode, o *bolt.Options) (db *bolt.DB, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			db, err = nil, fmt.Errorf("%w: %v", ErrDamaged, r)
 		}
 	}()
-	db, err = bolt.Open(path, mode, Options(readOnly))
+	db, err = bolt.Open(path, mode, o)
 	if errors.Is(err, berrors.ErrInvalid) || errors.Is(err, berrors.ErrChecksum) || errors.Is(err, berrors.ErrVersionMismatch) {
 		return nil, fmt.Errorf("%w: %w", ErrDamaged, err)
 	}
@@ -147,7 +160,7 @@ func open(path string, mode os.FileMode, readOnly bool) (db *bolt.DB, err error)
 // in a read-only transaction, turning bbolt's panic on a damaged page into
 // ErrDamaged.
 func walk(path string) (err error) {
-	db, err := open(path, 0, true)
+	db, err := open(path, 0, Options(true))
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -117,31 +118,119 @@ func TestOpenReportsDamage(t *testing.T) {
 		name     string
 		from, to int // pages overwritten
 	}{{"tree pages", 2, 40}, {"meta pages", 0, 2}} {
-		t.Run(tc.name, func(t *testing.T) {
+		for _, size := range testPageSizes {
+			t.Run(fmt.Sprintf("%s/%d-byte pages", tc.name, size), func(t *testing.T) {
+				path := filepath.Join(t.TempDir(), "kv.db")
+				pageSize := writeLog(t, path, size)
+				db, err := Open(path, 0o600, false, 0)
+				if err != nil {
+					t.Fatalf("a sound file: %v", err)
+				}
+				db.Close()
+				overwritePages(t, path, pageSize, tc.from, tc.to)
+				for _, readOnly := range []bool{false, true} {
+					if _, err := Open(path, 0o600, readOnly, 0); !errors.Is(err, ErrDamaged) {
+						t.Errorf("read-only %v: Open = %v, want ErrDamaged", readOnly, err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// testPageSizes are the page sizes the opening tests cover: the OS's
+// (Bronze's) and the state database's larger ones.
+var testPageSizes = []int{0, 32 << 10}
+
+// overwritePages overwrites pages [from, to) of the file at path with junk.
+func overwritePages(t *testing.T, path string, pageSize, from, to int) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	junk := bytes.Repeat([]byte{0xA5, 0x17, 0x3C}, (to-from)*pageSize/3+1)
+	if _, err := f.WriteAt(junk[:(to-from)*pageSize], int64(from*pageSize)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestOpenWithOneMetaPage: with its first meta page damaged, a file opens
+// from the second, which lies one page in, whatever the page size (bbolt
+// searches for it; the length check before bbolt must find it too).
+func TestOpenWithOneMetaPage(t *testing.T) {
+	for _, size := range testPageSizes {
+		t.Run(fmt.Sprintf("%d-byte pages", size), func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "kv.db")
-			pageSize := writeLog(t, path)
-			db, err := Open(path, 0o600, false)
-			if err != nil {
-				t.Fatalf("a sound file: %v", err)
-			}
-			db.Close()
-			f, err := os.OpenFile(path, os.O_WRONLY, 0)
+			pageSize := writeLog(t, path, size)
+			// bbolt writes transaction n's meta to page n%2: the newest
+			// goes to the second page, so the damage loses nothing.
+			db, err := Open(path, 0o600, false, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
-			junk := bytes.Repeat([]byte{0xA5, 0x17, 0x3C}, (tc.to-tc.from)*pageSize/3+1)
-			if _, err := f.WriteAt(junk[:(tc.to-tc.from)*pageSize], int64(tc.from*pageSize)); err != nil {
+			for odd := false; !odd && err == nil; {
+				err = db.Update(func(tx *bolt.Tx) error {
+					odd = tx.ID()%2 == 1
+					return tx.Bucket([]byte("log")).Put([]byte("newest"), []byte{1})
+				})
+			}
+			if cerr := db.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
 				t.Fatal(err)
 			}
-			if err := f.Close(); err != nil {
-				t.Fatal(err)
-			}
-			for _, readOnly := range []bool{false, true} {
-				if _, err := Open(path, 0o600, readOnly); !errors.Is(err, ErrDamaged) {
-					t.Errorf("read-only %v: Open = %v, want ErrDamaged", readOnly, err)
+			overwritePages(t, path, pageSize, 0, 1)
+			for _, readOnly := range []bool{true, false} {
+				db, err = Open(path, 0o600, readOnly, 0)
+				if err != nil {
+					t.Fatalf("read-only %v: Open = %v, want the file opened from its second meta page", readOnly, err)
+				}
+				err = db.View(func(tx *bolt.Tx) error {
+					if n := tx.Bucket([]byte("log")).Stats().KeyN; n != 20_001 {
+						return fmt.Errorf("%d rows, want 20001", n)
+					}
+					return nil
+				})
+				if cerr := db.Close(); err == nil {
+					err = cerr
+				}
+				if err != nil {
+					t.Fatalf("read-only %v: %v", readOnly, err)
 				}
 			}
 		})
+	}
+}
+
+// TestOpenPageSize: a new file gets the page size asked for; an existing
+// one keeps its own, so a state file made before the state's larger pages
+// opens as it is.
+func TestOpenPageSize(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kv.db")
+	if got := writeLog(t, path, 16<<10); got != 16<<10 {
+		t.Fatalf("a new file asked for 16 KiB pages has %d-byte pages", got)
+	}
+	old := filepath.Join(t.TempDir(), "old.db")
+	want := writeLog(t, old, 0)
+	if want != os.Getpagesize() {
+		t.Fatalf("a new file at the default has %d-byte pages, want the OS's %d", want, os.Getpagesize())
+	}
+	db, err := Open(old, 0o600, false, 16<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if got := db.Info().PageSize; got != want {
+		t.Errorf("an existing file opened asking for 16 KiB pages has %d-byte pages, want its own %d", got, want)
+	}
+	err = db.Update(func(tx *bolt.Tx) error { return tx.Bucket([]byte("log")).Put(Key(1<<40), []byte("more")) })
+	if err != nil {
+		t.Fatalf("writing to it: %v", err)
 	}
 }
 
@@ -169,7 +258,7 @@ func TestOpenReportsDamagedElements(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "kv.db")
-			pageSize := writeLog(t, path)
+			pageSize := writeLog(t, path, 0)
 			// A leaf page in use (bbolt says which are free).
 			leaf := -1
 			db, err := bolt.Open(path, 0o600, Options(false))
@@ -216,7 +305,7 @@ func TestOpenReportsDamagedElements(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, readOnly := range []bool{true, false} {
-				db, err := Open(path, 0o600, readOnly)
+				db, err := Open(path, 0o600, readOnly, 0)
 				if !errors.Is(err, ErrDamaged) {
 					t.Errorf("read-only %v: Open = %v, want ErrDamaged", readOnly, err)
 				}
@@ -233,33 +322,38 @@ func TestOpenReportsDamagedElements(t *testing.T) {
 // end of a file is a SIGBUS no recover catches — and an empty file is
 // initialised as a new database.
 func TestOpenTruncated(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "kv.db")
-	pageSize := writeLog(t, path)
-	for _, size := range []int64{int64(pageSize), int64(4 * pageSize), 100_000} {
-		if err := os.Truncate(path, size); err != nil {
-			t.Fatal(err)
-		}
-		for _, readOnly := range []bool{false, true} {
-			if _, err := Open(path, 0o600, readOnly); !errors.Is(err, ErrDamaged) {
-				t.Errorf("truncated to %d bytes, read-only %v: Open = %v, want ErrDamaged", size, readOnly, err)
+	for _, size := range testPageSizes {
+		t.Run(fmt.Sprintf("%d-byte pages", size), func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "kv.db")
+			pageSize := writeLog(t, path, size)
+			for _, length := range []int64{int64(pageSize), int64(4 * pageSize), 100_000} {
+				if err := os.Truncate(path, length); err != nil {
+					t.Fatal(err)
+				}
+				for _, readOnly := range []bool{false, true} {
+					if _, err := Open(path, 0o600, readOnly, 0); !errors.Is(err, ErrDamaged) {
+						t.Errorf("truncated to %d bytes, read-only %v: Open = %v, want ErrDamaged", length, readOnly, err)
+					}
+				}
 			}
-		}
+			if err := os.Truncate(path, 0); err != nil {
+				t.Fatal(err)
+			}
+			db, err := Open(path, 0o600, false, size)
+			if err != nil {
+				t.Fatalf("an empty file: %v", err)
+			}
+			db.Close()
+		})
 	}
-	if err := os.Truncate(path, 0); err != nil {
-		t.Fatal(err)
-	}
-	db, err := Open(path, 0o600, false)
-	if err != nil {
-		t.Fatalf("an empty file: %v", err)
-	}
-	db.Close()
 }
 
-// writeLog writes a database at path with a bucket of 20,000 rows (a few
-// hundred pages) and returns its page size.
-func writeLog(t *testing.T, path string) int {
+// writeLog writes a database at path, with pages of pageSize bytes (0:
+// the OS's), with a bucket of 20,000 rows (a few hundred pages) and
+// returns its page size.
+func writeLog(t *testing.T, path string, pageSize int) int {
 	t.Helper()
-	db, err := Open(path, 0o600, false)
+	db, err := Open(path, 0o600, false, pageSize)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,9 +372,9 @@ func writeLog(t *testing.T, path string) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pageSize := db.Info().PageSize
+	size := db.Info().PageSize
 	if err := db.Close(); err != nil {
 		t.Fatal(err)
 	}
-	return pageSize
+	return size
 }

@@ -34,7 +34,7 @@ const maxTableRows = 200_000
 
 // checkTables reads the stopped agent's tables from its state database.
 func checkTables(dataDir string, exp *truth.Expected, atLeastOnce bool) (*Tables, error) {
-	db, err := boltkv.Open(filepath.Join(dataDir, "state.db"), 0, true)
+	db, err := boltkv.Open(filepath.Join(dataDir, "state.db"), 0, true, 0)
 	if err != nil {
 		return nil, fmt.Errorf("read the agent's tables: %w", err)
 	}

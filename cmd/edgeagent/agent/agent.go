@@ -403,7 +403,7 @@ func OpenState(dataDir string, readOnly bool) (*bolt.DB, error) {
 		}
 	}
 	// Group-readable like Bronze (buffer.Open): the umask decides.
-	db, err := boltkv.Open(path, 0o640, readOnly)
+	db, err := boltkv.Open(path, 0o640, readOnly, window.StatePageSize)
 	if err != nil {
 		if errors.Is(err, bolt.ErrTimeout) {
 			return nil, fmt.Errorf("open state %s: locked by another process (is the agent running?): %w", path, err)

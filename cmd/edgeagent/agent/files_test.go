@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"runtime"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/edgeagent/edgeagent/buffer"
 	"github.com/edgeagent/edgeagent/config"
+	"github.com/edgeagent/edgeagent/window"
 )
 
 func filesTestConfig(t *testing.T, dataDir, extra string) *config.Config {
@@ -149,4 +152,53 @@ func blockedInWriteTx() bool {
 		}
 	}
 	return false
+}
+
+// TestStateFilePageSizes: a new state file gets the window stage's large
+// pages and Bronze the OS's; a state file made with other pages (an older
+// build's) opens with its own and keeps them.
+func TestStateFilePageSizes(t *testing.T) {
+	dir := t.TempDir()
+	db, err := OpenState(dir, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := db.Info().PageSize; got != window.StatePageSize {
+		t.Errorf("a new state file has %d-byte pages, want %d", got, window.StatePageSize)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := buffer.Open(filepath.Join(dir, BronzeFile), buffer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	bdb, err := bolt.Open(filepath.Join(dir, BronzeFile), 0o600, &bolt.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := bdb.Info().PageSize; got != os.Getpagesize() {
+		t.Errorf("Bronze has %d-byte pages, want the OS's %d", got, os.Getpagesize())
+	}
+	bdb.Close()
+
+	old := t.TempDir()
+	odb, err := bolt.Open(filepath.Join(old, StateFile), 0o600, &bolt.Options{PageSize: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := odb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err = OpenState(old, false)
+	if err != nil {
+		t.Fatalf("a state file with 4 KiB pages: %v", err)
+	}
+	defer db.Close()
+	if got := db.Info().PageSize; got != 4096 {
+		t.Errorf("a state file made with 4 KiB pages opens with %d-byte pages", got)
+	}
 }
