@@ -204,6 +204,14 @@ func TestBronzeFullHoldsAcks(t *testing.T) {
 	// Play the window stage: checkpoint everything stored so far, repeatedly,
 	// and collect what passes through before it is trimmed.
 	seen := map[string]bool{}
+	t.Cleanup(func() {
+		if t.Failed() { // what a timeout leaves to go on (a flake seen once, in CI)
+			st := in.Stats()
+			t.Logf("seen %d of %d; received %d, committed %d, acked %d, commits %d, full %v (episodes %d), connected %v, reconnects %d, sessions lost %d, last error %q\nlog:\n%s",
+				len(seen), len(want), st.Received.Load(), st.Committed.Load(), st.Acked.Load(), st.Commits.Load(), st.Full.Load(), st.FullTotal.Load(),
+				in.Connected(), st.Reconnects.Load(), st.SessionsLost.Load(), st.LastError(), logs.String())
+		}
+	})
 	mqtttest.WaitFor(t, 30*time.Second, "all messages through a full bronze", func() bool {
 		b.Scan(b.Checkpoint()+1, func(r buffer.Record) bool {
 			if r.Kind == buffer.KindMessage {

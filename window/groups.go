@@ -630,8 +630,9 @@ var chunkBytes = 256 << 10
 // commit's pages near 2 MiB: with 64, load mode's runs at 33-45k msgs/s
 // had 3.6-3.9 MiB of the state file mapped at their peaks, which then
 // missed the 40 MB target by up to 2.4 MiB; 16 peaked no lower than 32 for
-// more CPU (docs/performance.md, session 40). It is a variable only so
-// tests can set it.
+// more CPU (docs/performance.md, session 40; 4 KiB pages then, and again
+// with StatePageSize's, session 46). It is a variable only so tests can
+// set it.
 var chunkNodes int64 = 32
 
 // afterChunk, if set (by tests), runs after each transaction of a
