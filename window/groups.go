@@ -66,7 +66,8 @@ var groupShards uint32 = 1024
 // and a group over about 2 KiB an overflow page: under sustained load
 // (10,000 devices, 120 s) the checkpoints took 56 % of the agent's CPU,
 // 18-22 s per million readings in all; with 32 KiB pages 11.8-12.7 s
-// (16 KiB: 13.6-13.9, 64 KiB: 11.7-12.6). The price is at a quiet
+// in the series beside them (16 KiB: 13.6-13.9, 64 KiB: 11.7-12.6), and
+// 11.8-16.2 over eight runs of the session. The price is at a quiet
 // gateway, where every commit writes its few pages whole: 74 % more bytes
 // written (Bronze's pages stay 4 KiB). docs/performance.md, session 46.
 const StatePageSize = 32 << 10
