@@ -12,9 +12,9 @@ import (
 
 var (
 	loadDevices = flag.Int("load.devices", 10_000, "BenchmarkLoad: simulated devices")
-	// Two minutes, not thirty seconds: a 30 s run ends before the state
-	// file's leaves scatter and the checkpoints slow to their steady state
-	// (docs/performance.md, session 45).
+	// Two minutes, not thirty seconds: a 30 s run ends before the fleet's
+	// event time spreads over many window starts, so that each checkpoint
+	// rewrites three times the groups (docs/performance.md, sessions 45-46).
 	loadDuration = flag.Duration("load.duration", 120*time.Second, "BenchmarkLoad: how long the agent is loaded")
 	loadEmbedded = flag.Bool("load.embedded", false, "BenchmarkLoad: devices publish to the agent's embedded broker")
 	loadConns    = flag.Int("load.connections", 0, "BenchmarkLoad: MQTT connections the devices share (0: the rig's default)")
