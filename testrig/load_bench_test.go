@@ -18,6 +18,7 @@ var (
 	loadDuration = flag.Duration("load.duration", 120*time.Second, "BenchmarkLoad: how long the agent is loaded")
 	loadEmbedded = flag.Bool("load.embedded", false, "BenchmarkLoad: devices publish to the agent's embedded broker")
 	loadConns    = flag.Int("load.connections", 0, "BenchmarkLoad: MQTT connections the devices share (0: the rig's default)")
+	loadSpread   = flag.Duration("load.max-spread", 0, "BenchmarkLoad: how far apart in event time the devices may get (0: unbounded)")
 )
 
 // BenchmarkLoad is edgerig load as a benchmark (make bench): the real
@@ -32,7 +33,7 @@ func BenchmarkLoad(b *testing.B) {
 	}
 	for i := 0; i < b.N; i++ {
 		lr, err := rig.Load(context.Background(), rig.LoadOptions{Agent: bin, Devices: devices, Duration: d,
-			Embedded: *loadEmbedded, Connections: *loadConns})
+			Embedded: *loadEmbedded, Connections: *loadConns, MaxSpread: *loadSpread})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -66,7 +67,7 @@ func TestLoadEmbeddedShort(t *testing.T) {
 		t.Skip("a load run with the real agent")
 	}
 	t.Parallel()
-	lr, table := shortLoad(t, rig.LoadOptions{Connections: 40, MaxRate: 4000, Embedded: true})
+	lr, table := shortLoad(t, rig.LoadOptions{Connections: 40, MaxRate: 4000, Embedded: true, MaxSpread: time.Minute})
 	if lr.Broker == lr.CeilingBroker || !strings.Contains(lr.Broker, "embedded") {
 		t.Errorf("broker %q, ceiling measured on %q: want the agent's embedded broker and a separate one", lr.Broker, lr.CeilingBroker)
 	}
@@ -75,6 +76,17 @@ func TestLoadEmbeddedShort(t *testing.T) {
 	}
 	if lr.Result == nil || lr.Result.Windows.Correct == 0 {
 		t.Errorf("no window verified: %+v", lr.Result)
+	}
+	// Unpaced, 40 connections race through 600 s of event time in 3 s;
+	// MaxSpread keeps their devices within a minute of each other (and a
+	// reading interval: a device's last reading is up to one interval
+	// behind its connection's place in the plan).
+	if lr.MaxSpreadSeconds != 60 || lr.EventTimeSpreadSeconds > lr.MaxSpreadSeconds+lr.ReadingIntervalSeconds {
+		t.Errorf("devices %.0fs apart in event time, bound %.0fs: want them within a minute and a reading interval",
+			lr.EventTimeSpreadSeconds, lr.MaxSpreadSeconds)
+	}
+	if !strings.Contains(table, "(at most 60s)") {
+		t.Errorf("the table does not give the bound on the devices' spread:\n%s", table)
 	}
 	// VmHWM only grows: the peak when the load ended is part of the run's.
 	if lr.PeakRSSLoadBytes <= 0 || lr.PeakRSSLoadBytes > lr.PeakRSSBytes {

@@ -51,6 +51,14 @@ type LoadOptions struct {
 	// the rate, and an unpaced run gets whatever rate the machine gives at
 	// that moment; two builds compare only at the same rate.
 	Rate int
+	// MaxSpread, when above zero, bounds how far apart in event time the
+	// devices may get in an unpaced run (sim.PublisherConfig.Lockstep).
+	// By default the connections race, and over a 120 s run their devices
+	// end three to four and a half minutes of event time apart, like a
+	// fleet whose devices flush backlogs of their own; bounded, the fleet
+	// is live, every device's windows closing at about the same moment
+	// (docs/testrig.md, docs/performance.md session 47).
+	MaxSpread time.Duration
 	// CeilingDuration is the length of the bare-subscriber measurement
 	// (default Duration, at most 10s).
 	CeilingDuration time.Duration
@@ -87,6 +95,15 @@ const (
 
 // DefaultReadingInterval is LoadOptions.ReadingInterval's default.
 const DefaultReadingInterval = 10 * time.Second
+
+// lockstepFor is the plan-time span that keeps the devices of a plan
+// played at speed within maxSpread of event time (0: unbounded).
+func lockstepFor(maxSpread time.Duration, speed float64) time.Duration {
+	if maxSpread <= 0 || speed <= 0 {
+		return 0
+	}
+	return max(time.Millisecond, time.Duration(float64(maxSpread)/speed))
+}
 
 // Rate is a count over a time.
 type Rate struct {
@@ -142,6 +159,11 @@ type LoadReport struct {
 	// plays event time.
 	ReadingIntervalSeconds float64 `json:"reading_interval_seconds"`
 	EventTimeSpeed         float64 `json:"event_time_speed"`
+	// MaxSpreadSeconds is the bound on how far apart in event time the
+	// devices could get (0: unbounded), EventTimeSpreadSeconds how far
+	// apart their last readings were when the load ended.
+	MaxSpreadSeconds       float64 `json:"max_spread_seconds"`
+	EventTimeSpreadSeconds float64 `json:"event_time_spread_seconds"`
 	// Ceiling is a bare paho subscriber on CeilingBroker (the same broker,
 	// unless the devices publish to the agent's embedded one), acking at once.
 	Ceiling       Rate   `json:"ceiling"`
@@ -298,6 +320,11 @@ func (l *LoadReport) WriteJSON(w io.Writer) error {
 func (l *LoadReport) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "edgerig load: %s devices on %d connections, broker %s\n", num(l.Devices), l.Connections, l.Broker)
 	fmt.Fprintf(w, "  a reading every %gs of event time per device; event time runs %.1f× the wall clock\n", l.ReadingIntervalSeconds, l.EventTimeSpeed)
+	bound := "unbounded"
+	if l.MaxSpreadSeconds > 0 {
+		bound = fmt.Sprintf("at most %gs", l.MaxSpreadSeconds)
+	}
+	fmt.Fprintf(w, "  the devices' event times %.0fs apart when the load ended (%s)\n", l.EventTimeSpreadSeconds, bound)
 	if l.PacedRate > 0 {
 		fmt.Fprintf(w, "  publishers paced at %d msgs/s (--rate); offered %.0f msgs/s\n", l.PacedRate, l.Offered.PerSecond)
 	}
@@ -426,7 +453,7 @@ func Load(ctx context.Context, o LoadOptions) (*LoadReport, error) {
 	}
 	defer e.close()
 	lr := &LoadReport{Devices: o.Devices, Connections: o.Connections, Broker: e.brokerName, Uplink: e.uplinkName, ReadingIntervalSeconds: o.ReadingInterval.Seconds(),
-		CeilingBroker: e.brokerName}
+		CeilingBroker: e.brokerName, MaxSpreadSeconds: max(0, o.MaxSpread.Seconds())}
 
 	// 1. The ceiling: a bare subscriber that acks at once.
 	cs := loadScenario(o.Devices, o.CeilingDuration, o.MaxRate, o.Connections, o.ReadingInterval, "ceil")
@@ -437,7 +464,7 @@ func Load(ctx context.Context, o LoadOptions) (*LoadReport, error) {
 	e.logf("ceiling: bare paho subscriber, %s planned messages for %v", num(cplan.Counts().Messages), o.CeilingDuration)
 	ceil, err := func() (Rate, error) {
 		if !o.Embedded {
-			return measureCeiling(ctx, e.brokerURL, cplan, o.CeilingDuration)
+			return measureCeiling(ctx, e.brokerURL, cplan, o.CeilingDuration, lockstepFor(o.MaxSpread, cs.Speed))
 		}
 		// The agent's broker is not up yet (and would count the ceiling's
 		// messages as its own): the ceiling gets a broker of its own, for
@@ -448,7 +475,7 @@ func Load(ctx context.Context, o LoadOptions) (*LoadReport, error) {
 		}
 		defer m.Close()
 		lr.CeilingBroker = "a separate " + m.Name()
-		return measureCeiling(ctx, m.URL(), cplan, o.CeilingDuration)
+		return measureCeiling(ctx, m.URL(), cplan, o.CeilingDuration, lockstepFor(o.MaxSpread, cs.Speed))
 	}()
 	if err != nil {
 		return nil, err
@@ -508,7 +535,7 @@ func Load(ctx context.Context, o LoadOptions) (*LoadReport, error) {
 	defer cancel()
 	started := make(chan time.Time, 1)
 	pub := sim.NewPublisher(plan, sim.PublisherConfig{Broker: e.brokerURL, ClientPrefix: "edgerig-load", Unpaced: o.Rate <= 0,
-		Gate: ingested, GateWindow: gateWindow, OnStart: func(t time.Time) { started <- t }})
+		Gate: ingested, GateWindow: gateWindow, Lockstep: lockstepFor(o.MaxSpread, sc.Speed), OnStart: func(t time.Time) { started <- t }})
 	e.logf("agent phase: %s planned messages for %v", num(plan.Counts().Messages), o.Duration)
 	pubErr := make(chan error, 1)
 	go func() { pubErr <- pub.Run(runCtx) }()
@@ -570,6 +597,7 @@ func Load(ctx context.Context, o LoadOptions) (*LoadReport, error) {
 		lr.Offered.PerSecond, lr.Ingest.PerSecond, cpu0, cpu1-cpu0)
 
 	// 3. Settle, stop, verify.
+	lr.EventTimeSpreadSeconds = plan.EventTimeSpread(pub.Sent()).Seconds()
 	exp := truth.Compute(plan, pub.Sent(), pub.SentAt(), truthSettings(sc.Agent))
 	opts := verify.CompareOptions{Gateway: Gateway, Aggregates: sc.Agent.Window.Aggregates, Size: sc.Agent.Window.Size, Slide: sc.Agent.Window.Slide, AtLeastOnce: pp.Republished > 0}
 	res := waitComplete(ctx, e, exp, opts, sc.SettleTimeout)
@@ -616,7 +644,7 @@ var ceilingFilters = []string{"sensors/+/telemetry", "cbor/+/telemetry", "num/+/
 
 // measureCeiling publishes plan for d against a bare subscriber that acks
 // at once and returns the subscriber's receive rate.
-func measureCeiling(ctx context.Context, broker string, plan *sim.Plan, d time.Duration) (Rate, error) {
+func measureCeiling(ctx context.Context, broker string, plan *sim.Plan, d, lockstep time.Duration) (Rate, error) {
 	var n atomic.Uint64
 	subscribed := make(chan error, 1)
 	opts := paho.NewClientOptions().AddBroker(broker).SetClientID(fmt.Sprintf("edgerig-ceiling-%d", time.Now().UnixNano())).
@@ -657,7 +685,7 @@ func measureCeiling(ctx context.Context, broker string, plan *sim.Plan, d time.D
 	defer cancel()
 	started := make(chan time.Time, 1)
 	pub := sim.NewPublisher(plan, sim.PublisherConfig{Broker: broker, ClientPrefix: "edgerig-ceiling-pub", Unpaced: true,
-		Gate: n.Load, GateWindow: ceilingGateWindow, OnStart: func(t time.Time) { started <- t }})
+		Gate: n.Load, GateWindow: ceilingGateWindow, Lockstep: lockstep, OnStart: func(t time.Time) { started <- t }})
 	pubErr := make(chan error, 1)
 	go func() { pubErr <- pub.Run(runCtx) }()
 	var t0 time.Time

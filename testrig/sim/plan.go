@@ -641,3 +641,26 @@ func cmpInt(a, b int64) int {
 	}
 	return 0
 }
+
+// EventTimeSpread is how far apart in event time the devices got: the
+// latest minus the earliest event time among each device's last reading
+// the broker acknowledged (sent[d] of device d's messages, as
+// Publisher.Sent returns; producer retries, which repeat an earlier
+// reading, do not count). Devices stamped by the agent (plain numbers),
+// and those that sent no reading, are left out.
+func (p *Plan) EventTimeSpread(sent []int) time.Duration {
+	lo, hi := int64(math.MaxInt64), int64(math.MinInt64)
+	for d := range p.Devices {
+		msgs := p.Devices[d].Messages[:min(sent[d], len(p.Devices[d].Messages))]
+		for i := len(msgs) - 1; i >= 0; i-- {
+			if r := msgs[i].Reading; msgs[i].Kind == KindReading && r != nil && !r.PTime && !msgs[i].Retry {
+				lo, hi = min(lo, r.TS), max(hi, r.TS)
+				break
+			}
+		}
+	}
+	if lo > hi {
+		return 0
+	}
+	return time.Duration(hi-lo) * time.Millisecond
+}

@@ -189,3 +189,25 @@ func TestOfflineDevicesFlushInOrder(t *testing.T) {
 		t.Fatalf("%d devices offline, want about %d", offline, want)
 	}
 }
+
+// TestEventTimeSpread: the spread is between the devices' last
+// acknowledged readings, and leaves out agent-stamped devices and those
+// that sent none.
+func TestEventTimeSpread(t *testing.T) {
+	reading := func(ts int64) Message { return Message{Kind: KindReading, Reading: &Reading{TS: ts}} }
+	p := &Plan{Devices: []Device{
+		{Messages: []Message{reading(1_000), reading(2_000), reading(3_000)}},
+		{Messages: []Message{reading(1_500), reading(9_000)}},
+		{Messages: []Message{{Kind: KindReading, Reading: &Reading{TS: 0, PTime: true}}}},
+		{Messages: []Message{reading(50_000)}},
+		{Messages: []Message{reading(4_000), {Kind: KindReading, Reading: &Reading{TS: 500}, Retry: true}}},
+	}}
+	// Device 0 got to 2,000, device 1 to 1,500, device 2 is stamped by the
+	// agent, device 3 sent nothing, device 4's retry repeats 500 after 4,000.
+	if got, want := p.EventTimeSpread([]int{2, 1, 1, 0, 2}), 2500*time.Millisecond; got != want {
+		t.Fatalf("spread %v, want %v", got, want)
+	}
+	if got := p.EventTimeSpread([]int{0, 0, 1, 0, 0}); got != 0 {
+		t.Fatalf("spread with no stamped reading sent: %v, want 0", got)
+	}
+}

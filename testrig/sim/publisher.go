@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -33,6 +34,13 @@ type PublisherConfig struct {
 	// (a consumer's receive or ack count).
 	Gate       func() uint64
 	GateWindow uint64
+	// Lockstep, when above zero with Unpaced, keeps the connections
+	// together: none publishes a message planned more than Lockstep after
+	// the next message of the connection furthest behind. Unpaced
+	// connections otherwise race, and the devices of a fast one get minutes
+	// of event time ahead of a slow one's, which a live fleet, whose
+	// devices all stamp about the same now, does not do.
+	Lockstep time.Duration
 	// AckTimeout bounds the wait for one acknowledgement before the message
 	// is sent again as a producer retry (default 30s).
 	AckTimeout time.Duration
@@ -61,6 +69,7 @@ type Publisher struct {
 	started                    atomic.Int64
 	unacked                    atomic.Int64
 	paused                     atomic.Bool
+	lock                       *lockstep // nil without Lockstep
 }
 
 // Progress is a snapshot of a Publisher.
@@ -151,6 +160,10 @@ func (p *Publisher) Run(ctx context.Context) error {
 		}
 		clients[i] = c
 	}
+	if p.cfg.Unpaced && p.cfg.Lockstep > 0 {
+		p.lock = newLockstep(n, p.cfg.Lockstep)
+		defer context.AfterFunc(ctx, p.lock.wake)()
+	}
 	start := time.Now()
 	p.started.Store(start.UnixNano())
 	if p.cfg.OnStart != nil {
@@ -206,6 +219,61 @@ func (p *Publisher) connect(ctx context.Context, i int) (paho.Client, error) {
 	return c, nil
 }
 
+// lockstep holds unpaced connections within a span of plan time of each
+// other (PublisherConfig.Lockstep).
+type lockstep struct {
+	mu   sync.Mutex
+	cond sync.Cond
+	// next[c] is the plan time of connection c's next message;
+	// math.MaxInt64 once it has no more.
+	next []time.Duration
+	span time.Duration
+}
+
+func newLockstep(conns int, span time.Duration) *lockstep {
+	l := &lockstep{next: make([]time.Duration, conns), span: span}
+	l.cond.L = &l.mu
+	return l
+}
+
+// wait records that conn's next message is planned at at, and returns
+// once at is within the span of the connection furthest behind, or ctx
+// ended.
+func (l *lockstep) wait(ctx context.Context, conn int, at time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.set(conn, at)
+	for at > l.slowest()+l.span && ctx.Err() == nil {
+		l.cond.Wait()
+	}
+}
+
+// done takes conn out: it publishes no more.
+func (l *lockstep) done(conn int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.set(conn, math.MaxInt64)
+}
+
+// set moves conn's next plan time, waking the waiters when conn was the
+// one furthest behind (the only move that can let another go on).
+func (l *lockstep) set(conn int, at time.Duration) {
+	was := l.next[conn] <= l.slowest()
+	l.next[conn] = at
+	if was {
+		l.cond.Broadcast()
+	}
+}
+
+func (l *lockstep) slowest() time.Duration { return slices.Min(l.next) }
+
+// wake wakes every waiter, to see that their context ended.
+func (l *lockstep) wake() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.cond.Broadcast()
+}
+
 // item is one message in a connection's schedule.
 type item struct {
 	dev, idx int
@@ -241,9 +309,15 @@ func (p *Publisher) runConn(ctx context.Context, c paho.Client, conn int, start 
 	var inflight []pending
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	if p.lock != nil {
+		defer p.lock.done(conn)
+	}
 	for _, it := range sched {
 		if ctx.Err() != nil {
 			break
+		}
+		if p.lock != nil {
+			p.lock.wait(ctx, conn, it.at)
 		}
 		if !p.cfg.Unpaced {
 			if wait := time.Until(start.Add(it.at)); wait > 0 {

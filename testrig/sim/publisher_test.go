@@ -214,3 +214,110 @@ func TestPublisherStopsOnCancel(t *testing.T) {
 		t.Fatalf("sent %d of %d, progress %+v: want a part, equal to the acks", sent, total, pub.Progress())
 	}
 }
+
+// TestLockstepHoldsTheConnectionAhead: a connection whose next message is
+// planned past the span of the one furthest behind waits until that one
+// moves on or finishes, or its context ends.
+func TestLockstepHoldsTheConnectionAhead(t *testing.T) {
+	l := newLockstep(2, time.Second)
+	passed := make(chan time.Duration, 3)
+	wait := func(ctx context.Context, at time.Duration) {
+		go func() {
+			l.wait(ctx, 0, at)
+			passed <- at
+		}()
+	}
+	expectPass := func(at time.Duration) {
+		t.Helper()
+		select {
+		case got := <-passed:
+			if got != at {
+				t.Fatalf("the wait for %v passed, want the one for %v", got, at)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the wait for %v did not pass within 10s", at)
+		}
+	}
+	expectHeld := func() {
+		t.Helper()
+		// Negative evidence needs a bound: a wait that should hold but
+		// passes would show within this long.
+		select {
+		case got := <-passed:
+			t.Fatalf("the wait for %v passed while connection 1 is more than a second behind", got)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+
+	wait(context.Background(), time.Second) // within the span of connection 1 at 0
+	expectPass(time.Second)
+	wait(context.Background(), 5*time.Second)
+	expectHeld()
+	l.wait(context.Background(), 1, 3*time.Second) // 1 is still more than a second behind
+	expectHeld()
+	l.wait(context.Background(), 1, 4*time.Second)
+	expectPass(5 * time.Second)
+
+	wait(context.Background(), 10*time.Second)
+	expectHeld()
+	l.done(1) // the connection behind has nothing more to send
+	expectPass(10 * time.Second)
+
+	l2 := newLockstep(2, time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer context.AfterFunc(ctx, l2.wake)()
+	go func() {
+		l2.wait(ctx, 0, time.Minute)
+		passed <- time.Minute
+	}()
+	expectHeld()
+	cancel()
+	expectPass(time.Minute)
+}
+
+// TestPublisherLockstepKeepsDevicesTogether publishes unpaced over two
+// connections, one carrying seven devices and the other one, so the
+// second would race through the plan's time seven times faster: with
+// Lockstep, no message goes out before every message of the other
+// connection planned more than the span earlier.
+func TestPublisherLockstepKeepsDevicesTogether(t *testing.T) {
+	m := startMochi(t)
+	plan := smallPlan(t, 4*time.Second)
+	for d := range plan.Devices {
+		plan.Devices[d].Conn = 0
+	}
+	plan.Devices[len(plan.Devices)-1].Conn = 1
+	const span = 100 * time.Millisecond
+	pub := NewPublisher(plan, PublisherConfig{Broker: m.URL(), ClientPrefix: "sim-lockstep", Unpaced: true, Lockstep: span, MaxInflight: 4})
+	if err := pub.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	type sent struct {
+		conn     int
+		at       time.Duration
+		wallNano int64
+	}
+	var all []sent
+	for d, dev := range plan.Devices {
+		for i, msg := range dev.Messages {
+			all = append(all, sent{dev.Conn, msg.SendAt, pub.SentAt()[d][i]})
+		}
+	}
+	// For each connection, the latest send among its messages planned
+	// before each point: checked against every message of the other.
+	checked := 0
+	for _, a := range all {
+		for _, b := range all {
+			if b.conn != a.conn && b.at < a.at-span && b.wallNano > a.wallNano {
+				t.Fatalf("connection %d sent a message planned at %v before connection %d sent one planned at %v, more than %v earlier",
+					a.conn, a.at, b.conn, b.at, span)
+			}
+			if b.conn != a.conn && b.at < a.at-span {
+				checked++
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("the plan has no pair of messages further apart than the span: nothing was checked")
+	}
+}
