@@ -787,9 +787,10 @@ func TestSighupReloadsConfig(t *testing.T) {
 	p.stop(t)
 }
 
-// `edgeagent run` starts over with GODEBUG's schedtrace set (see
-// sysmon_linux.go), keeping what GODEBUG held; a GODEBUG that names
-// schedtrace, 0 included, is left alone.
+// `edgeagent run` starts over with GODEBUG's schedtrace and
+// memprofilerate set (see sysmon_linux.go, memprofile.go), keeping what
+// GODEBUG held; a setting GODEBUG names, schedtrace=0 included, is left
+// alone.
 func TestRunQuietsSysmon(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("the system monitor is quieted on Linux only")
@@ -797,9 +798,10 @@ func TestRunQuietsSysmon(t *testing.T) {
 	cases := []struct {
 		name, godebug, wantEnv, wantLog string
 	}{
-		{"unset", "", "GODEBUG=" + quietSchedtrace, "sysmon=quiet"},
-		{"kept", "madvdontneed=1", "GODEBUG=madvdontneed=1," + quietSchedtrace, "sysmon=quiet"},
-		{"turned off", "schedtrace=0", "GODEBUG=schedtrace=0", "sysmon=default"},
+		{"unset", "", "GODEBUG=" + quietSchedtrace + "," + noMemProfile, "sysmon=quiet"},
+		{"kept", "madvdontneed=1", "GODEBUG=madvdontneed=1," + quietSchedtrace + "," + noMemProfile, "sysmon=quiet"},
+		{"turned off", "schedtrace=0", "GODEBUG=schedtrace=0," + noMemProfile, "sysmon=default"},
+		{"both named", "schedtrace=0,memprofilerate=4096", "GODEBUG=schedtrace=0,memprofilerate=4096", "sysmon=default"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

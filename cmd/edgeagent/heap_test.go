@@ -65,3 +65,27 @@ processing: {heap_pacing: %v}
 		})
 	}
 }
+
+// A release build samples no heap profile: once the agent has allocated
+// several times the default sampling interval (512 KiB), the runtime
+// still has no table of profiling buckets (go_memstats_buck_hash_sys_bytes
+// a few kilobytes, where the table alone is 1.4 MB; see memprofile.go).
+func TestNoHeapProfileSampling(t *testing.T) {
+	dir := t.TempDir()
+	statusAddr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+	brokerAddr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
+	cfg := writeConfig(t, dir, embeddedAgentConfig("memprofile-gw", dir, brokerAddr)+fmt.Sprintf(`
+status: {listen: "%s"}
+`, statusAddr))
+	p := startAgent(t, "run", "-c", cfg)
+	p.waitLog(t, "status endpoint listening")
+	var m string
+	mqtttest.WaitFor(t, 60*time.Second, "8 MiB allocated, scrape after scrape", func() bool {
+		m = httpGet(t, "http://"+statusAddr+"/metrics", 200)
+		return metricValue(t, m, "go_memstats_alloc_bytes_total") > 8<<20
+	})
+	if got := metricValue(t, m, "go_memstats_buck_hash_sys_bytes"); got > 64<<10 {
+		t.Fatalf("go_memstats_buck_hash_sys_bytes %g after %g bytes allocated: the heap profile is sampled", got, metricValue(t, m, "go_memstats_alloc_bytes_total"))
+	}
+	p.stop(t)
+}

@@ -14,6 +14,10 @@ import (
 	"strconv"
 )
 
+// noMemProfile is empty: a profiling build samples the heap (see
+// memprofile.go).
+const noMemProfile = ""
+
 func init() {
 	// A finer heap sample rate (bytes) for exact per-structure sizes.
 	if r, err := strconv.Atoi(os.Getenv("EDGEAGENT_MEMPROFILERATE")); err == nil && r > 0 {

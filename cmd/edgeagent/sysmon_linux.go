@@ -7,25 +7,33 @@ import (
 	"syscall"
 )
 
-// quietSysmon re-executes `edgeagent run` with quietSchedtrace added to
-// GODEBUG, before anything else happens in the process (no file is open,
-// no signal handler is installed: a SIGTERM before the exec ends the
-// process, as it would have). GODEBUG is read once, when the runtime
-// starts, so it cannot be set from inside. A GODEBUG that names schedtrace
-// already (schedtrace=0 turns this off) is left as it is, which also stops
-// the new image from doing it again. If the exec fails (no /proc, the file
-// removed since), the agent runs on as it is.
+// quietSysmon re-executes `edgeagent run` with quietSchedtrace and
+// noMemProfile added to GODEBUG, before anything else happens in the
+// process (no file is open, no signal handler is installed: a SIGTERM
+// before the exec ends the process, as it would have). GODEBUG is read
+// once, when the runtime starts, so it cannot be set from inside. A
+// setting GODEBUG names already (schedtrace=0 turns the quiet sysmon off)
+// is left as it is, which also stops the new image from doing it again. If
+// the exec fails (no /proc, the file removed since), the agent runs on as
+// it is.
 func quietSysmon(args []string) {
 	if len(args) < 2 || args[1] != "run" {
 		return
 	}
 	godebug := os.Getenv("GODEBUG")
-	if namesSetting(godebug, "schedtrace") {
+	var add []string
+	if !namesSetting(godebug, "schedtrace") {
+		add = append(add, quietSchedtrace)
+	}
+	if noMemProfile != "" && !namesSetting(godebug, "memprofilerate") {
+		add = append(add, noMemProfile)
+	}
+	if len(add) == 0 {
 		return
 	}
-	value := quietSchedtrace
+	value := strings.Join(add, ",")
 	if godebug != "" {
-		value = godebug + "," + quietSchedtrace
+		value = godebug + "," + value
 	}
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "GODEBUG=") })
 	env = append(env, "GODEBUG="+value)
