@@ -54,7 +54,7 @@ type LoadOptions struct {
 	// MaxSpread, when above zero, bounds how far apart in event time the
 	// devices may get in an unpaced run (sim.PublisherConfig.Lockstep).
 	// By default the connections race, and over a 120 s run their devices
-	// end three to four and a half minutes of event time apart, like a
+	// end three to five minutes of event time apart, like a
 	// fleet whose devices flush backlogs of their own; bounded, the fleet
 	// is live, every device's windows closing at about the same moment
 	// (docs/testrig.md, docs/performance.md session 47).
