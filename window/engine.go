@@ -353,7 +353,13 @@ type engine struct {
 	lates     []Late
 	dls       []DeadLetter
 	dirtyWins []*window
-	delWins   []seriesStart
+	// delWins are the windows dropped since the last checkpoint whose
+	// stored rows may differ from what is final (changed since, or parked
+	// unwritten): their deletes must be written. delFinal are the others,
+	// whose stored rows say emitted with nothing pending: a load prunes
+	// such a row again, so its delete may wait (see deferDeletes).
+	delWins  []seriesStart
+	delFinal []seriesStart
 	// dedupDirty are the devices whose dedup groups changed since the
 	// last checkpoint; dedupRows counts the rows that changed.
 	dedupDirty []*device
@@ -921,8 +927,11 @@ func (e *engine) dropEvicted(ser *series, through int64) {
 	n := ser.evicted.dropThrough(through, e.slideMs, func(start int64) {
 		if e.parkArena.drop(ser.parked, start) {
 			e.nParked--
+			e.delWins = append(e.delWins, seriesStart{start, ser})
+			return
 		}
-		e.delWins = append(e.delWins, seriesStart{start, ser})
+		// Evicted and not parked: its row is the emitted, clean window.
+		e.delFinal = append(e.delFinal, seriesStart{start, ser})
 	})
 	e.nWindows -= n
 	e.nEvicted -= n
@@ -931,7 +940,12 @@ func (e *engine) dropEvicted(ser *series, through int64) {
 func (e *engine) dropWindow(w *window) {
 	w.dead = true
 	e.nWindows--
-	e.delWins = append(e.delWins, seriesStart{w.start, e.serOf(w)})
+	if w.dirty || !w.emitted || w.pending {
+		e.delWins = append(e.delWins, seriesStart{w.start, e.serOf(w)})
+	} else {
+		// Unchanged since a checkpoint wrote it emitted and clean.
+		e.delFinal = append(e.delFinal, seriesStart{w.start, e.serOf(w)})
+	}
 	if w.pending {
 		delete(e.pending, w)
 	}
@@ -1380,6 +1394,7 @@ func (e *engine) resetDelta() {
 	}
 	e.dirtyWins = emptied(e.dirtyWins)
 	e.delWins = emptied(e.delWins)
+	e.delFinal = emptied(e.delFinal)
 	for _, d := range e.dedupDirty {
 		d.dedup.written()
 		d.dedupDirty = false
@@ -1405,7 +1420,7 @@ func emptied[T any](s []T) []T {
 // deltaSize is the number of windows, dedup groups and devices the next
 // checkpoint writes or deletes (into fewer group rows).
 func (e *engine) deltaSize() int {
-	return len(e.dirtyWins) + e.nParked + len(e.delWins) + e.dedupRows + len(e.dirtyDevs) + len(e.delDevs)
+	return len(e.dirtyWins) + e.nParked + len(e.delWins) + len(e.delFinal) + e.dedupRows + len(e.dirtyDevs) + len(e.delDevs)
 }
 
 // stateBytes estimates the in-memory state size.

@@ -696,3 +696,134 @@ func outputsAlikeByBatch(t *testing.T, recs []buffer.Record, cfg Config, batches
 	}
 	return stats
 }
+
+// windowEntries lists the windows stored in the state database as
+// device@start (seconds after t0), in key order.
+func windowEntries(t *testing.T, db *bolt.DB) []string {
+	t.Helper()
+	var got []string
+	err := db.View(func(tx *bolt.Tx) error {
+		return eachTimedEntry(tx.Bucket(bucketWindowGroups), getU64(tx.Bucket(bucketMeta), keyGen), nil, func(start int64, en groupEntry) error {
+			got = append(got, fmt.Sprintf("%s@%d", en.dev, (start-t0.UnixMilli())/1000))
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// TestFinalDeletesWaitForTheirGroup: three devices share a group row
+// (one shard). A final window whose device's horizon passed it stays in
+// the row while another device's window keeps the group, and is pruned
+// again by a restart; a window dropped with changes the row does not
+// hold is deleted at once; the last window in state takes the row whole.
+// Emitted windows are parked (evicted at the next checkpoint) or, without
+// parking, stay in memory until final: each is its own path to a delete.
+func TestFinalDeletesWaitForTheirGroup(t *testing.T) {
+	withShards(t, 1)
+	t.Run("parked", finalDeletesWaitForTheirGroup)
+	t.Run("in memory", func(t *testing.T) { withoutParking(t, func() { finalDeletesWaitForTheirGroup(t) }) })
+}
+
+func finalDeletesWaitForTheirGroup(t *testing.T) {
+	cfg := testConfig(t) // size 1m, delay 5s, lateness 30s
+	checkpointEveryBatch(&cfg)
+	p := newStepper(t, cfg)
+	check := func(when string, want ...string) {
+		t.Helper()
+		checkStateInvariants(t, p.s, true)
+		if got := windowEntries(t, p.db); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("%s: stored %v, want %v", when, got, want)
+		}
+	}
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	p.feed(telemetry("d1", "1", at(10), at(10), 1), telemetry("d2", "1", at(10), at(10), 2), telemetry("d3", "1", at(10), at(10), 3))
+	check("all open", "d1@0", "d2@0", "d3@0")
+	if got := p.feed(telemetry("d1", "2", at(65), at(65), 1)); len(got) != 1 {
+		t.Fatalf("d1 emitted %v", got)
+	}
+	check("d1's first window emitted", "d1@0", "d2@0", "d3@0", "d1@60")
+
+	// d1's horizon passes its first window, written emitted and clean:
+	// the group keeps it, since d2 and d3 still have theirs.
+	p.feed(telemetry("d1", "3", at(95), at(95), 1))
+	check("d1's horizon passed", "d1@0", "d2@0", "d3@0", "d1@60")
+	if st := p.s.Stats(); st.OpenWindows != 3 {
+		t.Fatalf("%d windows in state, want 3", st.OpenWindows)
+	}
+	p.restart(cfg)
+	if st := p.s.Stats(); st.OpenWindows != 3 {
+		t.Fatalf("after a restart: %d windows in state, want 3 (the final row pruned again)", st.OpenWindows)
+	}
+	if got := p.feed(telemetry("d1", "4", at(20), at(96), 9)); len(got) != 0 {
+		t.Fatalf("late data revised a window past the horizon: %v", got)
+	}
+	if n := len(readLate(t, p.db)); n != 1 {
+		t.Fatalf("%d late rows, want 1", n)
+	}
+
+	// d2's window is emitted and dropped in one batch: its row says open,
+	// so its delete is written at once, group or not.
+	if got := p.feed(telemetry("d2", "2", at(95), at(95), 2)); len(got) != 1 {
+		t.Fatalf("d2 emitted %v", got)
+	}
+	check("d2's window emitted and dropped", "d1@0", "d3@0", "d1@60", "d2@60")
+	before := len(readOutbox(t, p.db))
+	p.restart(cfg)
+	if got := p.feed(tick(at(97))); len(got) != 0 {
+		t.Fatalf("after a restart, emitted %v", got)
+	}
+	if n := len(readOutbox(t, p.db)); n != before {
+		t.Fatalf("outbox %d entries after a restart, was %d", n, before)
+	}
+
+	// The last window in state in the group goes: the row goes whole,
+	// d1's waiting delete with it.
+	if got := p.feed(telemetry("d3", "2", at(95), at(98), 3)); len(got) != 1 {
+		t.Fatalf("d3 emitted %v", got)
+	}
+	check("the group's last window dropped", "d1@60", "d2@60", "d3@60")
+}
+
+// TestExpiredDevicesFinalRowWaitsAndLoads: a device expires while the
+// delete of one of its final windows waits in a group another device
+// keeps; a restart loads the state without the expired device's window,
+// and the row goes with the group's last window.
+func TestExpiredDevicesFinalRowWaitsAndLoads(t *testing.T) {
+	withShards(t, 1)
+	cfg := testConfig(t) // size 1m, delay 5s, lateness 30s, idle 2m
+	cfg.DeviceExpiry = 3 * time.Minute
+	checkpointEveryBatch(&cfg)
+	p := newStepper(t, cfg)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	p.feed(telemetry("d1", "1", at(10), at(10), 1), telemetry("d2", "1", at(10), at(10), 2))
+	p.feed(telemetry("d1", "2", at(65), at(65), 1))
+	p.feed(telemetry("d1", "3", at(95), at(95), 1))
+	if got := windowEntries(t, p.db); fmt.Sprint(got) != "[d1@0 d2@0 d1@60]" {
+		t.Fatalf("before the expiry: stored %v", got)
+	}
+	// d2 stays active with data for its open window; d1 falls silent
+	// and expires.
+	p.feed(telemetry("d2", "2", at(20), at(100), 2))
+	p.feed(telemetry("d2", "3", at(25), at(200), 2))
+	p.feed(telemetry("d2", "4", at(30), at(300), 2))
+	if st := p.s.Stats(); st.DevicesExpired != 1 {
+		t.Fatalf("%d devices expired, want 1", st.DevicesExpired)
+	}
+	checkStateInvariants(t, p.s, true)
+	if got := windowEntries(t, p.db); fmt.Sprint(got) != "[d1@0 d2@0]" {
+		t.Fatalf("after the expiry: stored %v, want d1's final window waiting beside d2's", got)
+	}
+	p.restart(cfg)
+	if st := p.s.Stats(); st.OpenWindows != 1 || st.Devices != 1 {
+		t.Fatalf("after a restart: %d windows, %d devices; want d2's one", st.OpenWindows, st.Devices)
+	}
+	checkStateInvariants(t, p.s, true)
+	p.feed(telemetry("d2", "5", at(95), at(301), 2))
+	checkStateInvariants(t, p.s, true)
+	if got := windowEntries(t, p.db); fmt.Sprint(got) != "[d2@60]" {
+		t.Fatalf("after the group's last window: stored %v", got)
+	}
+}

@@ -391,7 +391,9 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 	err = eachTimedEntry(tx.Bucket(bucketWindowGroups), e.gen, &sweep[sweepWindows], func(start int64, en groupEntry) error {
 		d := e.devices.get(string(en.dev))
 		if d == nil {
-			return fmt.Errorf("%w: window of unknown device %q", ErrCorruptState, en.dev)
+			// Its device expired, and the delete of this final window
+			// waits for the group's last (see deferDeletes).
+			return nil
 		}
 		ser := e.seriesOf(d, en.metric)
 		if ser == nil {
@@ -567,16 +569,16 @@ func writeCheckpoint(w *chunkWriter, e *engine, sweep *groupSweep) (groupSweep, 
 	lo := int64(math.MinInt64)
 	for _, hi := range ends {
 		changes = windowChanges(changes[:0], e, lo, hi)
-		if err := writeGroups(w, bucketWindowGroups, stateFill, changes, gen, e.gen, &next[sweepWindows]); err != nil {
+		if err := writeGroups(w, bucketWindowGroups, stateFill, changes, gen, e.gen, &next[sweepWindows], e); err != nil {
 			return groupSweep{}, err
 		}
 		lo = hi + 1
 	}
 	changes = deviceChanges(changes[:0], e)
-	if err := writeGroups(w, bucketDeviceGroups, 0, changes, gen, e.gen, &next[sweepDevices]); err != nil {
+	if err := writeGroups(w, bucketDeviceGroups, 0, changes, gen, e.gen, &next[sweepDevices], nil); err != nil {
 		return groupSweep{}, err
 	}
-	if err := writeGroups(w, bucketDedupGroups, stateFill, dedupChanges(changes[:0], e), gen, e.gen, &next[sweepDedup]); err != nil {
+	if err := writeGroups(w, bucketDedupGroups, stateFill, dedupChanges(changes[:0], e), gen, e.gen, &next[sweepDedup], nil); err != nil {
 		return groupSweep{}, err
 	}
 
