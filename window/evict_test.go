@@ -827,3 +827,72 @@ func TestExpiredDevicesFinalRowWaitsAndLoads(t *testing.T) {
 		t.Fatalf("after the group's last window: stored %v", got)
 	}
 }
+
+// dedupEntries lists the dedup groups stored in the state database as
+// device@end (seconds after t0), in key order.
+func dedupEntries(t *testing.T, db *bolt.DB) []string {
+	t.Helper()
+	var got []string
+	err := db.View(func(tx *bolt.Tx) error {
+		return eachTimedEntry(tx.Bucket(bucketDedupGroups), getU64(tx.Bucket(bucketMeta), keyGen), nil, func(end int64, en groupEntry) error {
+			got = append(got, fmt.Sprintf("%s@%d", en.dev, (end-t0.UnixMilli())/1000))
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// TestDroppedDedupGroupsWaitForTheirRow: a device's dedup group that its
+// horizon passed stays in a row another device keeps; the device
+// expires, and comes back under the same name after max_past_skew with
+// its event ids counting from the start again. A restart must not take
+// the old life's ids for the new one's: a new reading with a reused id is
+// not a duplicate, and the groups max_past_skew has passed go.
+func TestDroppedDedupGroupsWaitForTheirRow(t *testing.T) {
+	withShards(t, 1)
+	cfg := testConfig(t) // size 1m, delay 5s, lateness 30s, idle 2m
+	cfg.DeviceExpiry = 3 * time.Minute
+	cfg.MaxPastSkew = 5 * time.Minute
+	checkpointEveryBatch(&cfg)
+	p := newStepper(t, cfg)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	check := func(when string, want ...string) {
+		t.Helper()
+		checkStateInvariants(t, p.s, true)
+		if got := dedupEntries(t, p.db); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("%s: dedup rows %v, want %v", when, got, want)
+		}
+	}
+	p.feed(telemetry("d1", "1", at(10), at(10), 1), telemetry("d2", "x", at(10), at(10), 2))
+	p.feed(telemetry("d1", "2", at(65), at(65), 1))
+	p.feed(telemetry("d1", "3", at(95), at(95), 1))
+	check("d1's horizon passed its first group", "d1@60", "d2@60", "d1@120")
+
+	// d2 stays, its horizon behind; d1 falls silent and expires: its
+	// group at 120 goes with the row, the one at 60 waits beside d2's.
+	p.feed(telemetry("d2", "y", at(20), at(100), 2))
+	p.feed(telemetry("d2", "z", at(50), at(200), 2))
+	p.feed(telemetry("d2", "w", at(50), at(340), 2))
+	if st := p.s.Stats(); st.DevicesExpired != 1 {
+		t.Fatalf("%d devices expired, want 1", st.DevicesExpired)
+	}
+	check("d1 expired", "d1@60", "d2@60")
+	p.restart(cfg) // loads without d1's group: its device is gone
+	checkStateInvariants(t, p.s, true)
+
+	// d1 comes back after max_past_skew passed its tombstone, ids from 1.
+	p.feed(telemetry("d1", "7", at(445), at(450), 1))
+	check("d1 back", "d1@60", "d2@60", "d1@480")
+	p.restart(cfg)
+	p.feed(telemetry("d1", "1", at(446), at(451), 1))
+	if st := p.s.Stats(); st.Duplicates != 0 {
+		t.Fatalf("%d duplicates: the old life's id 1 was taken for the new one's", st.Duplicates)
+	}
+	// The restart dropped the groups max_past_skew had passed (d2's at
+	// 60 too: no reading the agent takes can fall in it), and the row
+	// went whole with d1's old group in it.
+	check("after a restart", "d1@480")
+}

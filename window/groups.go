@@ -518,13 +518,13 @@ func deviceChanges(changes []rowChange, e *engine) []rowChange {
 // ends put: the delete happened first. The keys of the versions that stop
 // serving once gen commits (every version of a group it deletes) are
 // appended to sweep.
-func writeGroups(w *chunkWriter, bucket []byte, fill float64, changes []rowChange, gen, committed uint64, sweep *[][]byte, e *engine) error {
+func writeGroups(w *chunkWriter, bucket []byte, fill float64, changes []rowChange, gen, committed uint64, sweep *[][]byte, deferred func([]rowChange) []rowChange) error {
 	// By group first, which reads no names (they are behind pointers),
 	// then each group's few changes by name: a load-mode checkpoint's sort
 	// took a fifth more CPU otherwise.
 	sortByGroup(changes)
-	if e != nil {
-		changes = e.deferDeletes(changes)
+	if deferred != nil {
+		changes = deferred(changes)
 	}
 	var key, scratch, target []byte
 	names := new(byName)
@@ -596,36 +596,38 @@ func writeGroups(w *chunkWriter, bucket []byte, fill float64, changes []rowChang
 	return nil
 }
 
-// deferDeletes takes the window groups out of changes (sorted by group)
-// that would be rewritten only to delete final windows (delFinal), while
-// a window in state is still in the group; and marks the groups of
-// deletes that no window in state is in any longer to go whole (wipe).
+// deferDeletes takes the groups out of changes (sorted by group) that
+// would be rewritten only for deletes that may wait (delFinal, delDedup),
+// while an entry in state is still in the group (held reports whether
+// device d holds one at at); and marks the groups of deletes that no entry
+// in state is in any longer to go whole (wipe).
 //
-// A final window is deleted once its device's lateness horizon passes
-// it, and the devices of a group (start, shard) pass it at different
-// checkpoints when their event times are apart: under sustained load
-// (10,000 devices, event times minutes apart) three in ten of the window
-// groups a checkpoint rewrote were rewritten only for such deletes, each
-// read, merged and written whole for a few entries. Left in the row, a
-// final window is harmless: a restart loads it as evicted and prunes it
-// again (its device's horizon has passed it; or its device expired, and
-// the load skips it), and nothing reads it before then, since no set in
-// state names it. The group's row goes whole with the delete of the last
-// window in state in it. Deletes of windows whose rows may not be final
-// (engine.delWins) are written as before.
-func (e *engine) deferDeletes(changes []rowChange) []rowChange {
-	// The distinct starts of the delete-only groups, each with a bit per
-	// shard: the group is delete-only, and the group holds a window in
+// A final window, or a dedup group, leaves the state once its device's
+// lateness horizon passes it, and the devices of a group (time, shard)
+// pass it at different checkpoints when their event times are apart:
+// under sustained load (10,000 devices, event times minutes apart) about
+// three in ten of the groups a checkpoint rewrote were rewritten only for
+// such deletes, each read, merged and written whole for a few entries.
+// Left in the row, such an entry is harmless: nothing reads it while the
+// agent runs, since no set in state names it, and a restart loads it and
+// prunes it again (its device's horizon has passed it), or skips it (its
+// device expired; or a dedup group max_past_skew has passed, which can
+// hold no reading the agent takes). The group's row goes whole with the
+// delete of its last entry in state. Deletes of windows whose rows may
+// not be final (engine.delWins) are written as before.
+func (e *engine) deferDeletes(changes []rowChange, held func(d *device, at int64) bool) []rowChange {
+	// The distinct times of the delete-only groups, each with a bit per
+	// shard: the group is delete-only, and the group holds an entry in
 	// state.
-	var starts []int64
+	var times []int64
 	var only, live [][]uint64
 	words := (int(groupShards) + 63) / 64
 	for i := 0; i < len(changes); {
 		j, deletes := groupEnd(changes, i)
 		if deletes {
 			at, sh := changes[i].at, changes[i].shard
-			if len(starts) == 0 || starts[len(starts)-1] != at {
-				starts = append(starts, at)
+			if len(times) == 0 || times[len(times)-1] != at {
+				times = append(times, at)
 				only = append(only, make([]uint64, words))
 				live = append(live, make([]uint64, words))
 			}
@@ -633,23 +635,17 @@ func (e *engine) deferDeletes(changes []rowChange) []rowChange {
 		}
 		i = j
 	}
-	if len(starts) == 0 {
+	if len(times) == 0 {
 		return changes
 	}
 	for _, d := range e.devices.slots {
 		if d == nil {
 			continue
 		}
-		for k, at := range starts {
-			bit := uint64(1) << (d.shard % 64)
-			if only[k][d.shard/64]&bit == 0 || live[k][d.shard/64]&bit != 0 {
-				continue
-			}
-			for _, ser := range d.series {
-				if w := ser.find(at); w != nil && !w.dead || ser.evicted.has(at, e.slideMs) {
-					live[k][d.shard/64] |= bit
-					break
-				}
+		word, bit := d.shard/64, uint64(1)<<(d.shard%64)
+		for k, at := range times {
+			if only[k][word]&bit != 0 && live[k][word]&bit == 0 && held(d, at) {
+				live[k][word] |= bit
 			}
 		}
 	}
@@ -659,14 +655,14 @@ func (e *engine) deferDeletes(changes []rowChange) []rowChange {
 		j, deletes := groupEnd(changes, i)
 		if deletes {
 			at, sh := changes[i].at, changes[i].shard
-			for starts[k] != at {
+			for times[k] != at {
 				k++
 			}
 			if live[k][sh/64]&(1<<(sh%64)) == 0 {
 				for m := i; m < j; m++ {
 					changes[m].wipe = true
 				}
-			} else if allFinal(changes[i:j]) {
+			} else if mayWait(changes[i:j]) {
 				i = j
 				continue
 			}
@@ -675,6 +671,26 @@ func (e *engine) deferDeletes(changes []rowChange) []rowChange {
 		i = j
 	}
 	return out
+}
+
+// holdsWindow reports whether d has a window in state at start.
+func (e *engine) holdsWindow(d *device, start int64) bool {
+	for _, ser := range d.series {
+		if w := ser.find(start); w != nil && !w.dead || ser.evicted.has(start, e.slideMs) {
+			return true
+		}
+	}
+	return false
+}
+
+// holdsDedup reports whether d has a dedup group, hot or cold, ending at
+// end.
+func holdsDedup(d *device, end int64) bool {
+	if _, ok := d.dedup.hotIDs(end); ok {
+		return true
+	}
+	_, ok := d.dedup.coldAt(end)
+	return ok
 }
 
 // groupEnd returns the end of the group of changes starting at i, and
@@ -688,9 +704,10 @@ func groupEnd(changes []rowChange, i int) (int, bool) {
 	return j, deletes
 }
 
-func allFinal(changes []rowChange) bool {
+// mayWait reports whether every change is a delete that may wait.
+func mayWait(changes []rowChange) bool {
 	for _, c := range changes {
-		if c.kind != delFinal {
+		if c.kind != delFinal && c.kind != delDedup {
 			return false
 		}
 	}

@@ -424,7 +424,9 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 	err = eachTimedEntry(tx.Bucket(bucketDedupGroups), e.gen, &sweep[sweepDedup], func(le int64, en groupEntry) error {
 		d := e.devices.get(string(en.dev))
 		if d == nil {
-			return fmt.Errorf("%w: dedup group of unknown device %q", ErrCorruptState, en.dev)
+			// Its device expired, and its delete waits for the row's last
+			// group in state (see deferDeletes).
+			return nil
 		}
 		if len(en.payload)%8 != 0 {
 			return fmt.Errorf("%w: dedup group of %q at %s", ErrCorruptState, en.dev, fmtMs(le))
@@ -482,6 +484,14 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 			e.idleList.push(d)
 		} else {
 			e.active.push(d)
+		}
+		// A dedup group max_past_skew has passed holds no reading the
+		// agent takes (older ones are dead letters before dedup), and a
+		// dropped one may wait in its row (see deferDeletes) until a
+		// device of the same name comes back, its ids counting anew: such
+		// groups go now.
+		if pastCut := floorDiv(e.clock-e.pasNs, 1e6); pastCut >= d.dedup.minEnd() {
+			e.pruneDedup(d, pastCut)
 		}
 		e.pruneDevice(d) // recomputes due points; prunes nothing that is not already prunable
 	}
@@ -564,12 +574,13 @@ func writeCheckpoint(w *chunkWriter, e *engine, sweep *groupSweep) (groupSweep, 
 	// One array for all, made at the size the largest needs: grown by
 	// appends, every doubling left the array before it as garbage (load
 	// mode: 4 % of all the agent allocated).
+	deferWindows := func(c []rowChange) []rowChange { return e.deferDeletes(c, e.holdsWindow) }
 	ends, largest := windowPortions(e)
 	changes := make([]rowChange, 0, max(largest, e.dedupRows, len(e.delDevs)+len(e.dirtyDevs)))
 	lo := int64(math.MinInt64)
 	for _, hi := range ends {
 		changes = windowChanges(changes[:0], e, lo, hi)
-		if err := writeGroups(w, bucketWindowGroups, stateFill, changes, gen, e.gen, &next[sweepWindows], e); err != nil {
+		if err := writeGroups(w, bucketWindowGroups, stateFill, changes, gen, e.gen, &next[sweepWindows], deferWindows); err != nil {
 			return groupSweep{}, err
 		}
 		lo = hi + 1
@@ -578,7 +589,8 @@ func writeCheckpoint(w *chunkWriter, e *engine, sweep *groupSweep) (groupSweep, 
 	if err := writeGroups(w, bucketDeviceGroups, 0, changes, gen, e.gen, &next[sweepDevices], nil); err != nil {
 		return groupSweep{}, err
 	}
-	if err := writeGroups(w, bucketDedupGroups, stateFill, dedupChanges(changes[:0], e), gen, e.gen, &next[sweepDedup], nil); err != nil {
+	if err := writeGroups(w, bucketDedupGroups, stateFill, dedupChanges(changes[:0], e), gen, e.gen, &next[sweepDedup],
+		func(c []rowChange) []rowChange { return e.deferDeletes(c, holdsDedup) }); err != nil {
 		return groupSweep{}, err
 	}
 
