@@ -700,11 +700,17 @@ func outputsAlikeByBatch(t *testing.T, recs []buffer.Record, cfg Config, batches
 // windowEntries lists the windows stored in the state database as
 // device@start (seconds after t0), in key order.
 func windowEntries(t *testing.T, db *bolt.DB) []string {
+	return storedEntries(t, db, bucketWindowGroups)
+}
+
+// storedEntries lists the entries of the time-led group bucket as
+// device@time (seconds after t0), in key order.
+func storedEntries(t *testing.T, db *bolt.DB, bucket []byte) []string {
 	t.Helper()
 	var got []string
 	err := db.View(func(tx *bolt.Tx) error {
-		return eachTimedEntry(tx.Bucket(bucketWindowGroups), getU64(tx.Bucket(bucketMeta), keyGen), nil, func(start int64, en groupEntry) error {
-			got = append(got, fmt.Sprintf("%s@%d", en.dev, (start-t0.UnixMilli())/1000))
+		return eachTimedEntry(tx.Bucket(bucket), getU64(tx.Bucket(bucketMeta), keyGen), nil, func(at int64, en groupEntry) error {
+			got = append(got, fmt.Sprintf("%s@%d", en.dev, (at-t0.UnixMilli())/1000))
 			return nil
 		})
 	})
@@ -828,23 +834,6 @@ func TestExpiredDevicesFinalRowWaitsAndLoads(t *testing.T) {
 	}
 }
 
-// dedupEntries lists the dedup groups stored in the state database as
-// device@end (seconds after t0), in key order.
-func dedupEntries(t *testing.T, db *bolt.DB) []string {
-	t.Helper()
-	var got []string
-	err := db.View(func(tx *bolt.Tx) error {
-		return eachTimedEntry(tx.Bucket(bucketDedupGroups), getU64(tx.Bucket(bucketMeta), keyGen), nil, func(end int64, en groupEntry) error {
-			got = append(got, fmt.Sprintf("%s@%d", en.dev, (end-t0.UnixMilli())/1000))
-			return nil
-		})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return got
-}
-
 // TestDroppedDedupGroupsWaitForTheirRow: a device's dedup group that its
 // horizon passed stays in a row another device keeps; the device
 // expires, and comes back under the same name after max_past_skew with
@@ -862,7 +851,7 @@ func TestDroppedDedupGroupsWaitForTheirRow(t *testing.T) {
 	check := func(when string, want ...string) {
 		t.Helper()
 		checkStateInvariants(t, p.s, true)
-		if got := dedupEntries(t, p.db); fmt.Sprint(got) != fmt.Sprint(want) {
+		if got := storedEntries(t, p.db, bucketDedupGroups); fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Fatalf("%s: dedup rows %v, want %v", when, got, want)
 		}
 	}
