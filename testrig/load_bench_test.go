@@ -3,6 +3,10 @@ package testrig_test
 import (
 	"context"
 	"flag"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -142,4 +146,51 @@ func shortLoad(t *testing.T, o rig.LoadOptions) (*rig.LoadReport, string) {
 		t.Fatalf("load run failed: %v", lr.Failures)
 	}
 	return lr, table.String()
+}
+
+// A replay runs agents over the Bronze log a load run left: each run
+// processes the whole log (its aggregates stay in the outbox), and the
+// report gives every run's CPU, faults and bytes written.
+func TestReplayOfALoadRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a load run and replays with the real agent")
+	}
+	t.Parallel()
+	dir := t.TempDir()
+	lr, _ := shortLoad(t, rig.LoadOptions{Dir: dir})
+	work := t.TempDir()
+	bin := agent(t)
+	rep, err := rig.Replay(context.Background(), rig.ReplayOptions{Dir: dir, Agents: []string{bin, bin}, Rounds: 2, Work: work})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table strings.Builder
+	rep.WriteTable(&table)
+	t.Log(table.String())
+	if len(rep.Agents) != 2 || rep.BronzeBytes == 0 {
+		t.Fatalf("report %+v", rep)
+	}
+	for _, s := range rep.Agents {
+		if len(s.Runs) != 2 || s.MedianCPUSeconds <= 0 || s.MedianMinorFaults <= 0 || s.MedianWritten <= 0 {
+			t.Errorf("agent %s: %d runs, median %.2f s CPU, %d faults, %d bytes written: want two runs that did work",
+				s.Agent, len(s.Runs), s.MedianCPUSeconds, s.MedianMinorFaults, s.MedianWritten)
+		}
+	}
+	// The last run's agent processed every reading of the load run into
+	// the outbox: it says how many rows it left there.
+	logs, err := filepath.Glob(filepath.Join(work, "agent-1-2.log"))
+	if err != nil || len(logs) != 1 {
+		t.Fatalf("the last run's log: %v %v", logs, err)
+	}
+	b, err := os.ReadFile(logs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`run --once: no uplink configured.* rows=(\d+)`).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("the replay's log does not say what it left in the outbox:\n%s", b)
+	}
+	if rows, _ := strconv.Atoi(string(m[1])); rows < lr.Result.Windows.Expected {
+		t.Errorf("the replay left %d aggregates in the outbox; the load run's cloud expected %d windows", rows, lr.Result.Windows.Expected)
+	}
 }

@@ -86,9 +86,10 @@ func interrupts(sigs <-chan os.Signal, stop chan<- struct{}, abort func(), done 
 // Synopses, one per subcommand: the top-level usage and each subcommand's
 // --help share them, so the two cannot drift apart.
 const (
-	synRun  = "edgerig run [--agent PATH] [--short] [--json FILE] [--dir DIR] [--keep] [--broker mochi|mosquitto] [--mqtt URL] [--nats URL] [--uplink nats|mqtt] [--uplink-broker URL] [--disk-full auto|write-errors] [--quiet] SCENARIO"
-	synDemo = "edgerig demo [--agent PATH] [--duration D] [--devices N] [--dir DIR] [--json FILE] [--uplink nats|mqtt]"
-	synLoad = "edgerig load [--agent PATH] [--devices N] [--duration D] [--connections N] [--reading-interval D] [--max-spread D] [--rate N] [--json FILE] [--dir DIR] [--mqtt URL | --embedded] [--uplink nats|mqtt]"
+	synRun    = "edgerig run [--agent PATH] [--short] [--json FILE] [--dir DIR] [--keep] [--broker mochi|mosquitto] [--mqtt URL] [--nats URL] [--uplink nats|mqtt] [--uplink-broker URL] [--disk-full auto|write-errors] [--quiet] SCENARIO"
+	synDemo   = "edgerig demo [--agent PATH] [--duration D] [--devices N] [--dir DIR] [--json FILE] [--uplink nats|mqtt]"
+	synLoad   = "edgerig load [--agent PATH] [--devices N] [--duration D] [--connections N] [--reading-interval D] [--max-spread D] [--rate N] [--json FILE] [--dir DIR] [--mqtt URL | --embedded] [--uplink nats|mqtt]"
+	synReplay = "edgerig replay --dir DIR --agent PATH [--agent PATH ...] [--rounds N] [--json FILE]"
 )
 
 const usage = `edgerig — simulated devices, faults and cloud around the real edgeagent
@@ -97,6 +98,7 @@ Usage:
   ` + synRun + `
   ` + synDemo + `
   ` + synLoad + `
+  ` + synReplay + `
   edgerig scenarios
 
 SCENARIO is a stock scenario name (edgerig scenarios lists them) or a YAML file.
@@ -121,6 +123,10 @@ func Main(ctx context.Context, stop <-chan struct{}, args []string, stdout, stde
 		lctx, cancel := rig.WithStop(ctx, stop)
 		defer cancel()
 		return cmdLoad(lctx, args[1:], stdout, stderr)
+	case "replay":
+		lctx, cancel := rig.WithStop(ctx, stop)
+		defer cancel()
+		return cmdReplay(lctx, args[1:], stdout, stderr)
 	case "scenarios":
 		for _, n := range scenario.Names() {
 			sc, err := scenario.Lookup(n)
@@ -376,22 +382,73 @@ func cmdLoad(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "edgerig load: %v\n", err)
 		return exitError
 	}
-	switch *jsonPath {
-	case "-":
-		if err := lr.WriteJSON(stdout); err != nil {
-			fmt.Fprintf(stderr, "edgerig load: %v\n", err)
-			return exitError
-		}
-	case "":
-		lr.WriteTable(stdout)
-	default:
-		lr.WriteTable(stdout)
-		if code := writeJSONFile(*jsonPath, lr.WriteJSON, stderr); code != exitOK {
-			return code
-		}
+	if code := writeReport("load", *jsonPath, lr.WriteTable, lr.WriteJSON, stdout, stderr); code != exitOK {
+		return code
 	}
 	if !lr.OK() {
 		return exitFail
+	}
+	return exitOK
+}
+
+// cmdReplay runs agents over the Bronze log a load run left (--dir) and
+// reports their CPU side by side.
+func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flags("replay", synReplay)
+	dir := fs.String("dir", "", "the directory of an earlier `edgerig load --dir DIR` run")
+	var agents []string
+	fs.Func("agent", "an edgeagent binary to run (repeat to compare builds; they alternate)", func(v string) error {
+		agents = append(agents, v)
+		return nil
+	})
+	rounds := fs.Int("rounds", 5, "runs of each agent")
+	jsonPath := fs.String("json", "", "also write the figures as JSON to `FILE` (- for stdout, instead of the table)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return parseFailed(fs, err, stdout, stderr)
+	}
+	if len(pos) != 0 {
+		fmt.Fprintf(stderr, "edgerig replay: unexpected argument %q\n", pos[0])
+		return exitUsage
+	}
+	var errs []error
+	if *dir == "" {
+		errs = append(errs, errors.New("--dir: required (the directory of a load run)"))
+	}
+	if len(agents) == 0 {
+		errs = append(errs, errors.New("--agent: at least one"))
+	}
+	if err := checkFlags(append(errs, checkMin("rounds", *rounds, 1, "at least 1"))...); err != nil {
+		fmt.Fprintf(stderr, "edgerig replay: %v\n", err)
+		return exitUsage
+	}
+	if err := checkJSONPath(*jsonPath); err != nil {
+		fmt.Fprintf(stderr, "edgerig: %v\n", err)
+		return exitUsage
+	}
+	rep, err := rig.Replay(ctx, rig.ReplayOptions{Dir: *dir, Agents: agents, Rounds: *rounds,
+		Logf: func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }})
+	if err != nil {
+		fmt.Fprintf(stderr, "edgerig replay: %v\n", err)
+		return exitError
+	}
+	return writeReport("replay", *jsonPath, rep.WriteTable, rep.WriteJSON, stdout, stderr)
+}
+
+// writeReport writes a report as the --json flag says: the table, the
+// table and a JSON file, or JSON alone on stdout (-).
+func writeReport(cmd, jsonPath string, table func(io.Writer), asJSON func(io.Writer) error, stdout, stderr io.Writer) int {
+	switch jsonPath {
+	case "-":
+		if err := asJSON(stdout); err != nil {
+			fmt.Fprintf(stderr, "edgerig %s: %v\n", cmd, err)
+			return exitError
+		}
+	case "":
+		table(stdout)
+	default:
+		table(stdout)
+		return writeJSONFile(jsonPath, asJSON, stderr)
 	}
 	return exitOK
 }

@@ -53,6 +53,11 @@ func TestUsageAndScenarios(t *testing.T) {
 		{[]string{"load", "--agent", "/nonexistent", "--json", "/nonexistent/dir/report.json"}, exitUsage, "--json: open"},
 		{[]string{"demo", "--agent", "/nonexistent", "--uplink", "amqp"}, exitUsage, "want nats or mqtt"},
 		{[]string{"load", "--agent", "/nonexistent", "--uplink", "amqp"}, exitUsage, "want nats or mqtt"},
+		{[]string{"replay", "--help"}, exitOK, "Usage: edgerig replay"},
+		{[]string{"replay", "--agent", "/nonexistent"}, exitUsage, "--dir: required"},
+		{[]string{"replay", "--dir", "/nonexistent"}, exitUsage, "--agent: at least one"},
+		{[]string{"replay", "--dir", "/nonexistent", "--agent", "/nonexistent", "--rounds", "0"}, exitUsage, "--rounds 0"},
+		{[]string{"replay", "--dir", "/nonexistent", "--agent", "/nonexistent"}, exitError, "edgerig load --dir"},
 	}
 	for _, c := range cases {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
@@ -81,7 +86,7 @@ func TestParseInterleaved(t *testing.T) {
 // Every flag a subcommand defines is in its synopsis, and so in the
 // top-level usage; --help goes to stdout, where a pager can read it.
 func TestUsageListsEveryFlag(t *testing.T) {
-	for cmd, syn := range map[string]string{"run": synRun, "demo": synDemo, "load": synLoad} {
+	for cmd, syn := range map[string]string{"run": synRun, "demo": synDemo, "load": synLoad, "replay": synReplay} {
 		var out, errb bytes.Buffer
 		if code := Main(context.Background(), nil, []string{cmd, "--help"}, &out, &errb); code != exitOK {
 			t.Fatalf("%s --help: exit %d, want %d", cmd, code, exitOK)
