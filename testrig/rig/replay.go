@@ -208,7 +208,7 @@ func replayOnce(ctx context.Context, agent, config, logPath string) (ReplayRun, 
 	}
 	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
 		r.CPUSeconds = tvSeconds(ru.Utime) + tvSeconds(ru.Stime)
-		r.MinorFaults = ru.Minflt
+		r.MinorFaults = int64(ru.Minflt)
 	}
 	return r, nil
 }
