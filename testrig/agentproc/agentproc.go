@@ -108,14 +108,10 @@ func (p *Process) Start() error {
 		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			e.Signal = ws.Signal().String()
 		}
-		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		if cpu, _, ok := ExitUsage(cmd.ProcessState); ok {
 			// Rusage CPU is exact at exit; /proc sampling may have missed
-			// the end. Its Maxrss is not used: Go starts children with
-			// CLONE_VM, so a child's ru_maxrss counts the rig's own memory
-			// at the fork (hundreds of MiB in load mode). Peak RSS comes
-			// from the child's VmHWM, sampled while it runs and just before
-			// it is stopped.
-			p.cpu += tvSec(ru.Utime) + tvSec(ru.Stime)
+			// the end.
+			p.cpu += cpu
 		} else {
 			p.cpu += p.lastCPU
 		}
@@ -165,6 +161,19 @@ func (p *Process) BlockWrites(on bool) error {
 		err, p.blockErr = errors.Join(p.blockErr, err), nil
 	}
 	return err
+}
+
+// ExitUsage returns an exited child's CPU seconds (user and system) and
+// minor page faults from its rusage, if the platform gives one. Its
+// Maxrss is not offered: Go starts children with CLONE_VM, so a child's
+// ru_maxrss counts the rig's own memory at the fork (hundreds of MiB in
+// load mode); peak RSS comes from the child's VmHWM, sampled while it runs.
+func ExitUsage(ps *os.ProcessState) (cpuSeconds float64, minorFaults int64, ok bool) {
+	ru, ok := ps.SysUsage().(*syscall.Rusage)
+	if !ok {
+		return 0, 0, false
+	}
+	return tvSec(ru.Utime) + tvSec(ru.Stime), int64(ru.Minflt), true // Minflt is int32 on 32-bit ARM
 }
 
 func tvSec(tv syscall.Timeval) float64 { return float64(tv.Sec) + float64(tv.Usec)/1e6 }

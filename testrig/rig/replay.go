@@ -10,9 +10,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/edgeagent/edgeagent/testrig/agentproc"
+	"github.com/edgeagent/edgeagent/testrig/procattr"
 )
 
 // ReplayOptions configure a replay: agents processing the Bronze log of
@@ -177,6 +180,7 @@ func replayOnce(ctx context.Context, agent, config, logPath string) (ReplayRun, 
 	defer log.Close()
 	cmd := exec.CommandContext(ctx, agent, "run", "-c", config, "--once")
 	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = procattr.Child() // it dies with the rig
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		return ReplayRun{}, fmt.Errorf("replay: start %s: %w", agent, err)
@@ -206,14 +210,9 @@ func replayOnce(ctx context.Context, agent, config, logPath string) (ReplayRun, 
 	if err != nil {
 		return r, fmt.Errorf("replay: %s: %w (log %s)", agent, err, logPath)
 	}
-	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		r.CPUSeconds = tvSeconds(ru.Utime) + tvSeconds(ru.Stime)
-		r.MinorFaults = int64(ru.Minflt)
-	}
+	r.CPUSeconds, r.MinorFaults, _ = agentproc.ExitUsage(cmd.ProcessState)
 	return r, nil
 }
-
-func tvSeconds(tv syscall.Timeval) float64 { return float64(tv.Sec) + float64(tv.Usec)/1e6 }
 
 // writeBytes reads write_bytes from /proc/PID/io.
 func writeBytes(pid int) (int64, error) {
@@ -223,9 +222,7 @@ func writeBytes(pid int) (int64, error) {
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		if v, ok := strings.CutPrefix(line, "write_bytes: "); ok {
-			var n int64
-			_, err := fmt.Sscan(v, &n)
-			return n, err
+			return strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 		}
 	}
 	return 0, errors.New("no write_bytes in /proc/PID/io")
