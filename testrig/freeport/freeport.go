@@ -5,7 +5,11 @@ package freeport
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -35,11 +39,24 @@ func Ports(t testing.TB, n int) []int {
 	return ports
 }
 
+// lowestPort is the floor of the range ports are drawn from: above the
+// ports services commonly use.
+const lowestPort = 10000
+
 // Take returns n distinct free ports on 127.0.0.1 that no earlier call in
 // this process returned, for code without a testing.TB (the rig).
+//
+// A port is handed out free but bound later, often by a child process, so
+// something else may take it in between. Where the kernel says which range
+// it draws ephemeral ports from (Linux), ports come from below that range:
+// then no outgoing connection (a simulated device's, say) and no listener
+// on port 0 in any process can take one, which before this was seen in CI
+// as a child's "bind: address already in use". The draw is random, so two
+// test processes drawing at once rarely meet.
 func Take(n int) ([]int, error) {
 	mu.Lock()
 	defer mu.Unlock()
+	ephemeralLow, ok := ephemeralFloor()
 	ports := make([]int, 0, n)
 	// Every listener stays open until all ports are chosen, so the kernel
 	// cannot return one twice here; ports handed before are skipped.
@@ -47,8 +64,15 @@ func Take(n int) ([]int, error) {
 		if tries > 1000 {
 			return nil, fmt.Errorf("freeport: no fresh loopback port after %d tries", tries)
 		}
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		addr := "127.0.0.1:0"
+		if ok {
+			addr = "127.0.0.1:" + strconv.Itoa(lowestPort+rand.IntN(ephemeralLow-lowestPort))
+		}
+		l, err := net.Listen("tcp", addr)
 		if err != nil {
+			if ok {
+				continue // in use: draw again
+			}
 			return nil, fmt.Errorf("freeport: %w", err)
 		}
 		defer l.Close()
@@ -60,4 +84,23 @@ func Take(n int) ([]int, error) {
 		ports = append(ports, p)
 	}
 	return ports, nil
+}
+
+// ephemeralFloor reads the lowest ephemeral port from Linux's
+// ip_local_port_range; ok is false where there is no such file or it
+// leaves too few ports below it to draw from.
+func ephemeralFloor() (low int, ok bool) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0, false
+	}
+	fields := strings.Fields(string(b))
+	if len(fields) != 2 {
+		return 0, false
+	}
+	low, err = strconv.Atoi(fields[0])
+	if err != nil || low-lowestPort < 1000 {
+		return 0, false
+	}
+	return low, true
 }

@@ -23,3 +23,17 @@ func TestPortsAreDistinctAndFree(t *testing.T) {
 	}
 	l.Close()
 }
+
+// Where the kernel names its ephemeral range, ports come from below it, so
+// no outgoing connection can hold one before its server binds it.
+func TestPortsComeFromBelowTheEphemeralRange(t *testing.T) {
+	low, ok := ephemeralFloor()
+	if !ok {
+		t.Skip("this system does not say which ports are ephemeral")
+	}
+	for _, p := range Ports(t, 20) {
+		if p < lowestPort || p >= low {
+			t.Fatalf("port %d is outside [%d, %d)", p, lowestPort, low)
+		}
+	}
+}
