@@ -77,6 +77,7 @@ type env struct {
 	agent       *agentproc.Process
 	statusAddr  string
 	configPath  string
+	agentCfg    agentConfig // what configPath holds
 	// tmpfs is true when data_dir is a tmpfs the rig mounted; tmpfsNote
 	// says why not when one was wanted.
 	tmpfs     bool
@@ -158,15 +159,15 @@ func newEnv(ctx context.Context, cfg envConfig) (_ *env, err error) {
 	if e.statusAddr, err = servers.FreeAddr(); err != nil {
 		return nil, err
 	}
-	ac := agentConfig{DataDir: e.dataDir, Broker: e.brokerURL, StatusListen: e.statusAddr,
+	e.agentCfg = agentConfig{DataDir: e.dataDir, Broker: e.brokerURL, StatusListen: e.statusAddr,
 		Agent: cfg.agent}
-	ac.setUplink(cfg.uplink, uplinkURL)
+	e.agentCfg.setUplink(cfg.uplink, uplinkURL)
 	if cfg.embedded {
-		ac.Broker, ac.EmbeddedListen = "", e.brokerURL[len("tcp://"):]
+		e.agentCfg.Broker, e.agentCfg.EmbeddedListen = "", e.brokerURL[len("tcp://"):]
 	}
 	e.configPath = filepath.Join(cfg.dir, "agent.yaml")
-	if err := os.WriteFile(e.configPath, []byte(ac.render()), 0o600); err != nil {
-		return nil, fmt.Errorf("rig: write agent config: %w", err)
+	if err := e.writeAgentConfig(); err != nil {
+		return nil, err
 	}
 	e.agent = agentproc.New(cfg.agentBin, e.configPath, filepath.Join(cfg.dir, "agent.log"))
 	if cfg.diskFull && !e.tmpfs {
@@ -217,14 +218,56 @@ func (e *env) mountTmpfs(size int64) {
 	e.tmpfs = true
 }
 
+// writeAgentConfig writes e.agentCfg where the agent reads its config.
+func (e *env) writeAgentConfig() error {
+	if err := os.WriteFile(e.configPath, []byte(e.agentCfg.render()), 0o600); err != nil {
+		return fmt.Errorf("rig: write agent config: %w", err)
+	}
+	return nil
+}
+
+// startAttempts bounds the agent's first starts: see startAgent.
+const startAttempts = 3
+
 // startAgent starts the agent and waits until it is connected to its
 // broker (or, embedded, listening), so nothing is published before its
 // persistent session exists.
+//
+// The ports the agent listens on (its status endpoint, its embedded
+// broker) are chosen free by the rig but bound by the agent, so another
+// process can take one in between (seen once in CI: "bind: address already
+// in use"). Nothing has connected to the agent before its first start, so
+// the rig then picks fresh ports, rewrites the config and starts it again.
 func (e *env) startAgent(ctx context.Context, timeout time.Duration) error {
-	if err := e.agent.Start(); err != nil {
-		return fmt.Errorf("%w: %v", ErrAgent, err)
+	for attempt := 1; ; attempt++ {
+		if err := e.agent.Start(); err != nil {
+			return fmt.Errorf("%w: %v", ErrAgent, err)
+		}
+		err := e.waitAgentReady(ctx, timeout)
+		if err == nil || attempt == startAttempts || e.agent.Running() || !e.agent.LoggedSinceStart("address already in use") {
+			return err
+		}
+		if err := e.freshListenPorts(); err != nil {
+			return err
+		}
+		e.logf("the agent could not listen on a port the rig chose (taken since); starting it again (status %s, broker %s)", e.statusAddr, e.brokerURL)
 	}
-	return e.waitAgentReady(ctx, timeout)
+}
+
+// freshListenPorts chooses new ports for what the agent listens on and
+// rewrites its config; only before anything connected to it.
+func (e *env) freshListenPorts() (err error) {
+	if e.statusAddr, err = servers.FreeAddr(); err != nil {
+		return err
+	}
+	e.agentCfg.StatusListen = e.statusAddr
+	if e.agentCfg.EmbeddedListen != "" {
+		if e.agentCfg.EmbeddedListen, err = servers.FreeAddr(); err != nil {
+			return err
+		}
+		e.brokerURL = "tcp://" + e.agentCfg.EmbeddedListen
+	}
+	return e.writeAgentConfig()
 }
 
 func (e *env) waitAgentReady(ctx context.Context, timeout time.Duration) error {
