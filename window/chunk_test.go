@@ -414,3 +414,65 @@ func TestCheckpointTransactionsBoundChangedPages(t *testing.T) {
 }
 
 func rowKey(i int) []byte { return binary.BigEndian.AppendUint32(nil, uint32(i)) }
+
+// A checkpoint lets the parked windows' arena go once their rows are
+// written, before its devices' and dedup groups' transactions: the arena
+// is fullest right then, and held through them it added to every heap
+// peak a checkpoint made (docs/performance.md, session 49).
+func TestCheckpointReleasesParkedWindowsAfterTheirRows(t *testing.T) {
+	withShards(t, 2)
+	withChunkBytes(t, 64)
+	cfg := testConfig(t)
+	cfg.AllowedLateness = 10 * time.Minute
+	dir := t.TempDir()
+	bronzePath := writeBronze(t, dir, genStream(43, cfg, genOpts{devices: 6, duration: 60 * time.Minute, period: 20 * time.Second,
+		dupRate: 0.1, grid: time.Second}))
+	br, err := openBronzeCopy(t, bronzePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer br.Close()
+	db := openDB(t, filepath.Join(dir, "state.db"), true)
+	cfg.MaxRecordsPerBatch = 50
+	checkpointEveryBatch(&cfg)
+	s, err := New(db, br, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parkedSeen, released bool
+	var releases int
+	afterChunk = func(int) error {
+		e := s.eng
+		switch {
+		case e.nParked > 0 && released:
+			t.Errorf("parked windows again after their release, within one checkpoint")
+		case e.nParked > 0:
+			parkedSeen = true
+		case parkedSeen && !released:
+			released = true
+			releases++
+			if len(e.parkedSers) != 0 || len(e.parkArena.chunks) > 1 {
+				t.Errorf("after the windows' rows: %d parked series, %d arena chunks", len(e.parkedSers), len(e.parkArena.chunks))
+			}
+		}
+		return nil
+	}
+	defer func() { afterChunk = nil }()
+	for steps := 0; ; steps++ {
+		if steps > 100_000 {
+			t.Fatal("the stage never finished")
+		}
+		parkedSeen, released = false, false
+		res, err := s.Step()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Records == 0 {
+			break
+		}
+	}
+	if releases == 0 {
+		t.Fatal("no checkpoint had a transaction after its parked windows were released: the test exercises nothing")
+	}
+	t.Logf("%d checkpoints released their parked windows before their last transactions", releases)
+}

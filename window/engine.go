@@ -1383,12 +1383,7 @@ func (e *engine) resetDelta() {
 	for _, w := range e.dirtyWins {
 		w.dirty = false
 	}
-	for _, ser := range e.parkedSers {
-		ser.parked = 0 // on disk now
-	}
-	e.parkedSers = emptied(e.parkedSers)
-	e.parkArena.reset()
-	e.nParked = 0
+	e.releaseParked()
 	for _, d := range e.dirtyDevs {
 		d.dirty = false
 	}
@@ -1409,6 +1404,18 @@ func (e *engine) resetDelta() {
 	e.tombPut = emptied(e.tombPut)
 	e.tombDel = emptied(e.tombDel)
 	e.tombFloorDirty = false
+}
+
+// releaseParked forgets the windows parked since the last checkpoint,
+// which the checkpoint has put in their rows, and lets their arena's
+// memory go.
+func (e *engine) releaseParked() {
+	for _, ser := range e.parkedSers {
+		ser.parked = 0 // on disk now
+	}
+	e.parkedSers = emptied(e.parkedSers)
+	e.parkArena.reset()
+	e.nParked = 0
 }
 
 // emptied returns s with no elements and none of its old ones reachable.

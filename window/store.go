@@ -585,6 +585,13 @@ func writeCheckpoint(w *chunkWriter, e *engine, sweep *groupSweep) (groupSweep, 
 		}
 		lo = hi + 1
 	}
+	// The parked windows are in their rows now (committed, or in w.tx as
+	// copies): nothing reads their arena again, so it goes before the
+	// devices' and dedup groups' rows and pages are held. It was fullest
+	// right here, and a collection during the rest of the checkpoint set
+	// the heap's floor from both (docs/performance.md, session 49). A
+	// failed checkpoint reloads the engine from the file (Stage.rollback).
+	e.releaseParked()
 	changes = deviceChanges(changes[:0], e)
 	if err := writeGroups(w, bucketDeviceGroups, 0, changes, gen, e.gen, &next[sweepDevices], nil); err != nil {
 		return groupSweep{}, err
