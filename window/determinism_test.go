@@ -261,24 +261,48 @@ func determinismAcrossBatchSizes(t *testing.T) []byte {
 	appendAll(t, br, genStream(12, cfg, genOpts{devices: 8, duration: 140 * time.Minute, period: 50 * time.Second,
 		dupRate: 0.1, noIDRate: 0.2, lateRate: 0.08, backlog: 2, grid: time.Second}))
 	br.Close()
-	var want []byte
-	for i, batch := range []int{100_000, 1, 7, 250} {
-		got := runStage(t, bronzePath, filepath.Join(dir, fmt.Sprintf("state%d.db", i)), batch, true)
-		if i == 0 {
-			want = got
-			continue
+	runs := []struct {
+		name    string
+		batch   int
+		restart bool
+	}{{"batch=100000", 100_000, false}, {"batch=1", 1, false}, {"batch=7", 7, false}, {"batch=250", 250, false},
+		{"restart-every-3", 3, true}, {"restart-every-40", 40, true}}
+	outs := make([][]byte, len(runs))
+	inParallel(t, len(runs), func(i int) string { return runs[i].name }, func(t *testing.T, i int) {
+		path := filepath.Join(dir, runs[i].name+".db")
+		if runs[i].restart {
+			outs[i] = runStageRestarting(t, bronzePath, path, runs[i].batch)
+		} else {
+			outs[i] = runStage(t, bronzePath, path, runs[i].batch, true)
 		}
+	})
+	want := outs[0]
+	for i, got := range outs[1:] {
 		if !bytes.Equal(got, want) {
-			t.Fatalf("batch size %d gives a different outbox\n%s", batch, firstDiff(got, want))
-		}
-	}
-	for _, batch := range []int{3, 40} {
-		got := runStageRestarting(t, bronzePath, filepath.Join(dir, fmt.Sprintf("restart%d.db", batch)), batch)
-		if !bytes.Equal(got, want) {
-			t.Fatalf("restarting after every batch of %d gives a different outbox\n%s", batch, firstDiff(got, want))
+			t.Fatalf("%s (restarting after every batch: %v) gives a different outbox\n%s", runs[i+1].name, runs[i+1].restart, firstDiff(got, want))
 		}
 	}
 	return want
+}
+
+// inParallel runs run(t, 0) … run(t, n-1) as parallel subtests named by
+// name, and returns once all are done, failing t if one failed. The runs of
+// one stream at several batch sizes are independent (each reads its own
+// copy of Bronze into its own state file) and were the package's longest
+// tests under -race, one after another.
+func inParallel(t *testing.T, n int, name func(int) string, run func(t *testing.T, i int)) {
+	t.Helper()
+	t.Run("runs", func(t *testing.T) {
+		for i := range n {
+			t.Run(name(i), func(t *testing.T) {
+				t.Parallel()
+				run(t, i)
+			})
+		}
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
 }
 
 func firstDiff(got, want []byte) string {

@@ -161,26 +161,37 @@ func TestEvictionKeepsOutputs(t *testing.T) {
 			if want.maxEvicted != 0 || want.maxCold != 0 {
 				t.Fatalf("the reference run evicted %d windows, %d dedup ids", want.maxEvicted, want.maxCold)
 			}
+			type variant struct {
+				batch   int
+				restart bool
+			}
+			var variants []variant
 			for _, batch := range []int{1, 13, 200} {
 				for _, restart := range []bool{false, true} {
 					if batch == 1 && (restart || !tc.everyRecord) {
 						continue // a restart per record is slow and adds nothing over 13
 					}
-					cfg := tc.cfg
-					cfg.MaxRecordsPerBatch = batch
-					checkpointEveryBatch(&cfg)
-					got := runEvicting(t, bronzePath, filepath.Join(dir, fmt.Sprintf("evict%d-%v.db", batch, restart)), cfg, restart)
-					if got.maxEvicted == 0 || got.loads == 0 || got.maxCold == 0 || got.dedupLoads == 0 {
-						t.Fatalf("batch %d restart %v: %d windows evicted at most, %d read back, %d dedup ids cold, %d groups read back: the test exercises nothing",
-							batch, restart, got.maxEvicted, got.loads, got.maxCold, got.dedupLoads)
-					}
-					if !bytes.Equal(got.out, want.out) {
-						t.Fatalf("batch %d restart %v: outputs differ from the run without eviction\n%s", batch, restart, firstDiff(got.out, want.out))
-					}
-					t.Logf("batch %d restart %v: up to %d windows evicted, %d read back for late data; up to %d dedup ids cold, %d groups read back",
-						batch, restart, got.maxEvicted, got.loads, got.maxCold, got.dedupLoads)
+					variants = append(variants, variant{batch, restart})
 				}
 			}
+			inParallel(t, len(variants), func(i int) string {
+				return fmt.Sprintf("batch=%d/restart=%v", variants[i].batch, variants[i].restart)
+			}, func(t *testing.T, i int) {
+				batch, restart := variants[i].batch, variants[i].restart
+				cfg := tc.cfg
+				cfg.MaxRecordsPerBatch = batch
+				checkpointEveryBatch(&cfg)
+				got := runEvicting(t, bronzePath, filepath.Join(dir, fmt.Sprintf("evict%d-%v.db", batch, restart)), cfg, restart)
+				if got.maxEvicted == 0 || got.loads == 0 || got.maxCold == 0 || got.dedupLoads == 0 {
+					t.Fatalf("batch %d restart %v: %d windows evicted at most, %d read back, %d dedup ids cold, %d groups read back: the test exercises nothing",
+						batch, restart, got.maxEvicted, got.loads, got.maxCold, got.dedupLoads)
+				}
+				if !bytes.Equal(got.out, want.out) {
+					t.Fatalf("batch %d restart %v: outputs differ from the run without eviction\n%s", batch, restart, firstDiff(got.out, want.out))
+				}
+				t.Logf("batch %d restart %v: up to %d windows evicted, %d read back for late data; up to %d dedup ids cold, %d groups read back",
+					batch, restart, got.maxEvicted, got.loads, got.maxCold, got.dedupLoads)
+			})
 		})
 	}
 }
