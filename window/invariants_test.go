@@ -254,7 +254,9 @@ func checkStateInvariants(t *testing.T, s *Stage, checkpointed bool) {
 			dedupGroupLive[group] = true
 			continue
 		}
-		dedupGroupLive[group] = dedupGroupLive[group] || false
+		if _, seen := dedupGroupLive[group]; !seen {
+			dedupGroupLive[group] = false // live only if another entry is
+		}
 		if d := e.devices.get(dev); d != nil && end > d.finalBefore && end > pastCut {
 			t.Fatalf("dedup row %s stored but not in state", k)
 		}

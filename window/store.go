@@ -479,18 +479,18 @@ func loadEngine(tx *bolt.Tx, cfg *Config, load func(dev, metric string, start in
 		}
 		return strings.Compare(a.name, b.name)
 	})
+	// A dedup group max_past_skew has passed holds no reading the agent
+	// takes (older ones are dead letters before dedup), and a dropped one
+	// may wait in its row (see deferDeletes) until a device of the same
+	// name comes back, its ids counting anew: such groups go now.
+	pastCut := floorDiv(e.clock-e.pasNs, 1e6)
 	for _, d := range devs {
 		if d.idle {
 			e.idleList.push(d)
 		} else {
 			e.active.push(d)
 		}
-		// A dedup group max_past_skew has passed holds no reading the
-		// agent takes (older ones are dead letters before dedup), and a
-		// dropped one may wait in its row (see deferDeletes) until a
-		// device of the same name comes back, its ids counting anew: such
-		// groups go now.
-		if pastCut := floorDiv(e.clock-e.pasNs, 1e6); pastCut >= d.dedup.minEnd() {
+		if pastCut >= d.dedup.minEnd() {
 			e.pruneDedup(d, pastCut)
 		}
 		e.pruneDevice(d) // recomputes due points; prunes nothing that is not already prunable

@@ -2,7 +2,6 @@ package rig
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -307,14 +306,7 @@ func (l *LoadReport) judgeTargets() {
 func (l *LoadReport) OK() bool { return len(l.Failures) == 0 }
 
 // WriteJSON writes the report as indented JSON.
-func (l *LoadReport) WriteJSON(w io.Writer) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(l); err != nil {
-		return fmt.Errorf("rig: write load report: %w", err)
-	}
-	return nil
-}
+func (l *LoadReport) WriteJSON(w io.Writer) error { return writeIndentedJSON(w, "load report", l) }
 
 // WriteTable writes the figures side by side with the ceiling.
 func (l *LoadReport) WriteTable(w io.Writer) {

@@ -2,7 +2,6 @@ package rig
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -275,8 +274,4 @@ func (r *ReplayReport) WriteTable(w io.Writer) {
 }
 
 // WriteJSON writes the report as indented JSON.
-func (r *ReplayReport) WriteJSON(w io.Writer) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(r)
-}
+func (r *ReplayReport) WriteJSON(w io.Writer) error { return writeIndentedJSON(w, "replay report", r) }

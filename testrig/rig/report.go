@@ -127,11 +127,15 @@ type AgentSummary struct {
 func (r *Report) OK() bool { return r.Verdict == Pass }
 
 // WriteJSON writes the report as indented JSON.
-func (r *Report) WriteJSON(w io.Writer) error {
+func (r *Report) WriteJSON(w io.Writer) error { return writeIndentedJSON(w, "report", r) }
+
+// writeIndentedJSON writes v, one of the rig's reports (what names it),
+// as indented JSON.
+func writeIndentedJSON(w io.Writer, what string, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	if err := enc.Encode(r); err != nil {
-		return fmt.Errorf("rig: write report: %w", err)
+	if err := enc.Encode(v); err != nil {
+		return fmt.Errorf("rig: write %s: %w", what, err)
 	}
 	return nil
 }
