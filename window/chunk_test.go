@@ -88,7 +88,7 @@ func TestInterruptedCheckpoints(t *testing.T) {
 	want := runEvicting(t, bronzePath, filepath.Join(dir, "reference.db"), ref, false)
 
 	errCrash := errors.New("crash between a checkpoint's transactions")
-	for _, restart := range []bool{false, true} {
+	for _, restart := range firstUnderRace([]bool{true, false}) {
 		t.Run(fmt.Sprintf("restart=%v", restart), func(t *testing.T) {
 			br, err := openBronzeCopy(t, bronzePath)
 			if err != nil {
@@ -246,7 +246,7 @@ func TestCutCheckpointsKeepTheCommittedState(t *testing.T) {
 	// turn: all ten pairs of five sizes took 98 s under -race, a sixth of
 	// make test; one pair per size of five took 86 s on a slow day, and
 	// 49 s without 13, 11's near twin.
-	for i, chunk := range []int{3, 11, 29, 101} {
+	for i, chunk := range firstUnderRace([]int{3, 11, 29, 101}) {
 		seed := uint64(i % 2)
 		t.Run(fmt.Sprintf("chunk=%d/seed=%d", chunk, seed), func(t *testing.T) {
 			withShards(t, uint32(1+seed))

@@ -301,7 +301,7 @@ func TestParkingKeepsStateConsistent(t *testing.T) {
 	expiring := testConfig(t)
 	expiring.DeviceExpiry = 10 * time.Minute
 	expiring.IdleTimeout = time.Minute
-	for _, tc := range []struct {
+	for _, tc := range firstUnderRace([]struct {
 		name string
 		cfg  Config
 		o    genOpts
@@ -309,7 +309,7 @@ func TestParkingKeepsStateConsistent(t *testing.T) {
 		{"hopping-expiry", hopping, genOpts{devices: 6, duration: 60 * time.Minute, period: 15 * time.Second, dupRate: 0.15, noIDRate: 0.1, lateRate: 0.1, backlog: 3, grid: time.Second}},
 		{"fast", fast, genOpts{devices: 3, duration: 25 * time.Minute, period: 1 * time.Second, dupRate: 0.2, noIDRate: 0.05, lateRate: 0.1, backlog: 2}},
 		{"expiring", expiring, genOpts{devices: 8, duration: 90 * time.Minute, period: 20 * time.Second, dupRate: 0.2, noIDRate: 0.1, lateRate: 0.1, backlog: 4, grid: 5 * time.Second}},
-	} {
+	}) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			bronzePath := writeBronze(t, dir, genStream(99, tc.cfg, tc.o))
@@ -434,7 +434,7 @@ func TestParkingThroughFailuresAndRestarts(t *testing.T) {
 	changed := base
 	changed.TriggerInterval = 10 * time.Second
 	changed.WatermarkDelay = 2 * time.Second
-	for _, tc := range []struct {
+	for _, tc := range firstUnderRace([]struct {
 		name   string
 		every  bool
 		batch  int
@@ -445,7 +445,7 @@ func TestParkingThroughFailuresAndRestarts(t *testing.T) {
 		{"no-checkpoint-crash-changed", false, 37, 0.02, []Config{base, changed, changed}, []uint64{n / 4, 3 * n / 5, n + 10}},
 		{"every-batch-crash-changed", true, 37, 0.02, []Config{base, changed, base}, []uint64{n / 4, 3 * n / 5, n + 10}},
 		{"every-batch-small", true, 9, 0.01, []Config{base, changed}, []uint64{n / 2, n + 10}},
-	} {
+	}) {
 		t.Run(tc.name, func(t *testing.T) {
 			phases := slices.Clone(tc.phases)
 			for i := range phases {
