@@ -78,6 +78,15 @@ func startAgentEnv(t *testing.T, env []string, args ...string) *agentProc {
 // startAgentWith is startAgent with the command edited before it starts.
 func startAgentWith(t *testing.T, edit func(*exec.Cmd), args ...string) *agentProc {
 	t.Helper()
+	if i := slices.Index(args, "-c"); i >= 0 && i+1 < len(args) {
+		body, err := os.ReadFile(args[i+1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(body, []byte("\nstatus:")) {
+			t.Fatalf("%s has no status section: the agent would listen on the default port, which another process may hold", args[i+1])
+		}
+	}
 	p := &agentProc{cmd: exec.Command(agentBin, args...), logs: &logbuf.Buffer{}, done: make(chan struct{})}
 	p.cmd.Env = os.Environ()
 	edit(p.cmd)
@@ -139,7 +148,9 @@ func (p *agentProc) stop(t *testing.T) {
 
 // embeddedAgentConfig is the head of a test config: the agent runs its
 // embedded broker on addr and ingests sensors/{device}/telemetry, with its
-// data under dir.
+// data under dir. Every test adds a status section: a free port, or none
+// (listen ""). The default, 127.0.0.1:9464, is a fixed port that another
+// process may hold while the tests run (one did, in a make test).
 func embeddedAgentConfig(gateway, dir, addr string) string {
 	return fmt.Sprintf(`
 gateway_id: %s
@@ -592,7 +603,7 @@ func TestMaxProcs(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
 			addr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
-			cfgPath := writeConfig(t, dir, embeddedAgentConfig("gw-procs", dir, addr)+"\n"+c.conf+"\n")
+			cfgPath := writeConfig(t, dir, embeddedAgentConfig("gw-procs", dir, addr)+"\nstatus: {listen: \"\"}\n"+c.conf+"\n")
 			var env []string
 			if c.env != "" {
 				env = []string{c.env}
@@ -807,7 +818,7 @@ func TestRunQuietsSysmon(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
 			addr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
-			cfgPath := writeConfig(t, dir, embeddedAgentConfig("gw-sysmon", dir, addr))
+			cfgPath := writeConfig(t, dir, embeddedAgentConfig("gw-sysmon", dir, addr)+"\nstatus: {listen: \"\"}\n")
 			p := startAgentWith(t, func(cmd *exec.Cmd) {
 				cmd.Env = slices.DeleteFunc(cmd.Env, func(kv string) bool { return strings.HasPrefix(kv, "GODEBUG=") })
 				if c.godebug != "" {

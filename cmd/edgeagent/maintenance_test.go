@@ -352,6 +352,7 @@ func TestRunOnceWithoutUplinkThenAggregatesChange(t *testing.T) {
 	mqttAddr := fmt.Sprintf("127.0.0.1:%d", mqtttest.FreePort(t))
 	config := func(aggregates string) string {
 		return writeConfig(t, dir, embeddedAgentConfig("once-gw", dir, mqttAddr)+fmt.Sprintf(`
+status: {listen: ""}
 readings: {metrics: [temperature]}
 window: {size: 1m, aggregates: [%s], watermark_delay: 0s, allowed_lateness: 0s, idle_timeout: 1h}
 `, aggregates))
