@@ -104,3 +104,15 @@ func ephemeralFloor() (low int, ok bool) {
 	}
 	return low, true
 }
+
+// StartAttempts is how many fresh ports a server's first start tries when
+// the one before was taken between its choice and the bind (Take says
+// why that can happen). Nothing has connected to the server yet then.
+const StartAttempts = 3
+
+// Taken reports whether a server's error or log says that its port was in
+// use: mosquitto logs "Error: Address already in use", nats-server and Go
+// "bind: address already in use".
+func Taken(text string) bool {
+	return strings.Contains(strings.ToLower(text), "address already in use")
+}

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -109,18 +110,28 @@ type Mosquitto struct {
 	dir  string
 	port int
 
-	mu  sync.Mutex
-	cmd *exec.Cmd
-	log *os.File
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan error // cmd's Wait result
 }
 
 // StartMosquitto starts mosquitto on a free loopback port. extraConf is
 // appended to the generated configuration (one option a line). The defaults
 // lift the queue and in-flight limits so that no QoS1 message is dropped.
+// A port taken between its choice and the bind is replaced by a fresh one.
 func StartMosquitto(t testing.TB, extraConf string) *Mosquitto {
 	t.Helper()
-	m := &Mosquitto{t: t, bin: MosquittoPath(t), dir: t.TempDir(), port: FreePort(t)}
-	conf := fmt.Sprintf(`listener %d 127.0.0.1
+	return startMosquitto(t, extraConf, FreePort(t))
+}
+
+// startMosquitto is StartMosquitto on port, or on fresh ports after it
+// while the one before was taken.
+func startMosquitto(t testing.TB, extraConf string, port int) *Mosquitto {
+	t.Helper()
+	m := &Mosquitto{t: t, bin: MosquittoPath(t), dir: t.TempDir()}
+	for attempt := 1; ; attempt++ {
+		m.port = port
+		conf := fmt.Sprintf(`listener %d 127.0.0.1
 allow_anonymous true
 persistence true
 persistence_location %s/
@@ -133,10 +144,19 @@ log_dest file %s
 user root
 %s
 `, m.port, m.dir, filepath.Join(m.dir, "mosquitto.log"), extraConf)
-	if err := os.WriteFile(filepath.Join(m.dir, "mosquitto.conf"), []byte(conf), 0o600); err != nil {
-		t.Fatalf("mqtttest: write mosquitto.conf: %v", err)
+		if err := os.WriteFile(filepath.Join(m.dir, "mosquitto.conf"), []byte(conf), 0o600); err != nil {
+			t.Fatalf("mqtttest: write mosquitto.conf: %v", err)
+		}
+		err := m.start()
+		if err == nil {
+			break
+		}
+		if attempt == freeport.StartAttempts || !freeport.Taken(err.Error()) {
+			t.Fatal(err)
+		}
+		t.Logf("mqtttest: port %d was taken; mosquitto starts again on another", m.port)
+		port = FreePort(t)
 	}
-	m.Start()
 	t.Cleanup(m.Stop)
 	return m
 }
@@ -147,31 +167,56 @@ func (m *Mosquitto) URL() string { return "tcp://127.0.0.1:" + strconv.Itoa(m.po
 // Addr is host:port.
 func (m *Mosquitto) Addr() string { return "127.0.0.1:" + strconv.Itoa(m.port) }
 
-// Start starts the broker (again) and waits until it accepts connections.
+// Start starts the broker (again, on the same port) and waits until it
+// accepts connections.
 func (m *Mosquitto) Start() {
 	m.t.Helper()
+	if err := m.start(); err != nil {
+		m.t.Fatal(err)
+	}
+}
+
+// mosquittoRunning is the line mosquitto logs once its listeners are bound.
+const mosquittoRunning = " running\n"
+
+// start starts mosquitto and waits for its own "running" line in the log
+// and a connection to its port: a connection alone could reach another
+// process that holds the port, while this mosquitto exits for want of it.
+func (m *Mosquitto) start() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.cmd != nil {
-		return
+		return nil
 	}
+	runs := strings.Count(m.Log(), mosquittoRunning)
 	cmd := exec.Command(m.bin, "-c", filepath.Join(m.dir, "mosquitto.conf"))
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
 	// A test binary killed by its timeout leaves no broker behind.
 	cmd.SysProcAttr = procattr.Child()
 	if err := cmd.Start(); err != nil {
-		m.t.Fatalf("mqtttest: start mosquitto: %v", err)
+		return fmt.Errorf("mqtttest: start mosquitto: %w", err)
 	}
-	m.cmd = cmd
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		c, err := net.DialTimeout("tcp", m.Addr(), 200*time.Millisecond)
-		if err == nil {
-			c.Close()
-			return
+		select {
+		case err := <-exited:
+			return fmt.Errorf("mqtttest: mosquitto on %s exited during start (%v); log:\n%s", m.Addr(), err, m.Log())
+		default:
+		}
+		if strings.Count(m.Log(), mosquittoRunning) > runs {
+			c, err := net.DialTimeout("tcp", m.Addr(), 200*time.Millisecond)
+			if err == nil {
+				c.Close()
+				m.cmd, m.exited = cmd, exited
+				return nil
+			}
 		}
 		if time.Now().After(deadline) {
-			m.t.Fatalf("mqtttest: mosquitto did not listen on %s: %v; log:\n%s", m.Addr(), err, m.Log())
+			_ = cmd.Process.Kill()
+			<-exited
+			return fmt.Errorf("mqtttest: mosquitto did not listen on %s; log:\n%s", m.Addr(), m.Log())
 		}
 		time.Sleep(20 * time.Millisecond) // polling a port that has no event to wait on
 	}
@@ -185,13 +230,11 @@ func (m *Mosquitto) Stop() {
 		return
 	}
 	_ = m.cmd.Process.Signal(os.Interrupt)
-	done := make(chan struct{})
-	go func() { m.cmd.Wait(); close(done) }()
 	select {
-	case <-done:
+	case <-m.exited:
 	case <-time.After(10 * time.Second):
 		_ = m.cmd.Process.Kill()
-		<-done
+		<-m.exited
 	}
 	m.cmd = nil
 }

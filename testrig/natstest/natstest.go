@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -56,6 +57,8 @@ type Server struct {
 	dir  string
 	bin  string // "" for an in-process server
 
+	startTimeout time.Duration
+
 	mu     sync.Mutex
 	srv    *server.Server
 	cmd    *exec.Cmd
@@ -67,7 +70,7 @@ type Server struct {
 func Start(t testing.TB, opts ...Option) *Server {
 	t.Helper()
 	s := newServer(t, "", opts)
-	s.Start()
+	s.firstStart(func() {})
 	t.Cleanup(s.Shutdown)
 	return s
 }
@@ -91,21 +94,45 @@ func BinaryPath(t testing.TB) string {
 func StartBinary(t testing.TB, opts ...Option) *Server {
 	t.Helper()
 	s := newServer(t, BinaryPath(t), opts)
+	s.firstStart(s.writeConfig)
+	t.Cleanup(s.Shutdown)
+	return s
+}
+
+// writeConfig writes the binary server's configuration for its port.
+func (s *Server) writeConfig() {
+	s.t.Helper()
 	conf := fmt.Sprintf("listen: 127.0.0.1:%d\nhttp: 0\njetstream {\n  store_dir: %q\n}\nlog_file: %q\n",
 		s.port, filepath.Join(s.dir, "js"), filepath.Join(s.dir, "nats-server.log"))
 	for _, l := range s.opts.confLines {
 		conf += l + "\n"
 	}
 	if err := os.WriteFile(filepath.Join(s.dir, "nats-server.conf"), []byte(conf), 0o600); err != nil {
-		t.Fatalf("natstest: write config: %v", err)
+		s.t.Fatalf("natstest: write config: %v", err)
 	}
-	s.Start()
-	t.Cleanup(s.Shutdown)
-	return s
+}
+
+// firstStart starts the server, after prepare has written what names its
+// port; when the port was taken between its choice and the bind, it does
+// so again on a fresh one.
+func (s *Server) firstStart(prepare func()) {
+	s.t.Helper()
+	for attempt := 1; ; attempt++ {
+		prepare()
+		err := s.start()
+		if err == nil {
+			return
+		}
+		if attempt == freeport.StartAttempts || !freeport.Taken(err.Error()) {
+			s.t.Fatal(err)
+		}
+		s.t.Logf("natstest: port %d was taken; the server starts again on another", s.port)
+		s.port = FreePort(s.t)
+	}
 }
 
 func newServer(t testing.TB, bin string, opts []Option) *Server {
-	s := &Server{t: t, port: FreePort(t), dir: t.TempDir(), bin: bin}
+	s := &Server{t: t, port: FreePort(t), dir: t.TempDir(), bin: bin, startTimeout: startTimeout}
 	for _, o := range opts {
 		o(&s.opts)
 	}
@@ -128,10 +155,16 @@ func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
 // store directory, and waits until it accepts connections.
 func (s *Server) Start() {
 	s.t.Helper()
+	if err := s.start(); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+func (s *Server) start() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.srv != nil || s.cmd != nil {
-		return
+		return nil
 	}
 	if s.bin == "" {
 		o := &server.Options{
@@ -144,43 +177,52 @@ func (s *Server) Start() {
 		}
 		srv, err := server.NewServer(o)
 		if err != nil {
-			s.t.Fatalf("natstest: new server: %v", err)
+			return fmt.Errorf("natstest: new server: %w", err)
 		}
 		srv.Start()
-		if !srv.ReadyForConnections(startTimeout) {
+		if !srv.ReadyForConnections(s.startTimeout) {
 			srv.Shutdown()
-			s.t.Fatalf("natstest: in-process server on %s not ready after %v", s.Addr(), startTimeout)
+			srv.WaitForShutdown()
+			// Without a log, the listener's error is not at hand: a
+			// listen of our own says whether the port was the reason.
+			why := "not ready"
+			if l, err := net.Listen("tcp", s.Addr()); err != nil {
+				why = err.Error()
+			} else {
+				l.Close()
+			}
+			return fmt.Errorf("natstest: in-process server on %s: %s after %v", s.Addr(), why, s.startTimeout)
 		}
 		s.srv = srv
-		return
+		return nil
 	}
 	cmd := exec.Command(s.bin, "-c", filepath.Join(s.dir, "nats-server.conf"))
 	// A test binary killed by its timeout leaves no server behind.
 	cmd.SysProcAttr = procattr.Child()
 	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("natstest: start %s: %v", s.bin, err)
+		return fmt.Errorf("natstest: start %s: %w", s.bin, err)
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	deadline := time.Now().Add(startTimeout)
+	deadline := time.Now().Add(s.startTimeout)
 	for {
 		if nc, err := nats.Connect(s.URL(), nats.Timeout(time.Second)); err == nil {
 			ok := jetStreamReady(nc)
 			nc.Close()
 			if ok {
 				s.cmd, s.exited = cmd, exited
-				return
+				return nil
 			}
 		}
 		select {
 		case err := <-exited:
-			s.t.Fatalf("natstest: %s exited during start: %v; log:\n%s", s.bin, err, s.Log())
+			return fmt.Errorf("natstest: %s on %s exited during start: %v; log:\n%s", s.bin, s.Addr(), err, s.Log())
 		default:
 		}
 		if time.Now().After(deadline) {
 			_ = cmd.Process.Kill()
 			<-exited
-			s.t.Fatalf("natstest: %s not ready on %s after %v; log:\n%s", s.bin, s.Addr(), startTimeout, s.Log())
+			return fmt.Errorf("natstest: %s not ready on %s after %v; log:\n%s", s.bin, s.Addr(), s.startTimeout, s.Log())
 		}
 		time.Sleep(20 * time.Millisecond) // polling a port that has no event to wait on
 	}
