@@ -63,7 +63,7 @@ func TestMaintenanceWithoutData(t *testing.T) {
 	dir := t.TempDir()
 	dataDir := filepath.Join(dir, "data")
 	cfg := filepath.Join(dir, "c.yaml")
-	if err := os.WriteFile(cfg, fmt.Appendf(nil, "gateway_id: gw\ndata_dir: %s\nmqtt:\n  broker: tcp://127.0.0.1:1\n  subscriptions: [{topic: \"s/{device}/t\"}]\n", dataDir), 0o600); err != nil {
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, "gateway_id: gw\ndata_dir: %s\nmqtt:\n  broker: tcp://127.0.0.1:1\n  subscriptions: [{topic: \"s/{device}/t\"}]\nstatus: {listen: \"\"}\n", dataDir), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cmds := [][]string{{"inspect", "bronze", "-c", cfg}, {"inspect", "late", "-c", cfg}, {"reset-state", "-c", cfg},

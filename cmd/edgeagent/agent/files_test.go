@@ -18,6 +18,10 @@ import (
 	"github.com/edgeagent/edgeagent/window"
 )
 
+// filesTestConfig is an agent's config with its data in dataDir and no
+// status endpoint: the default, 127.0.0.1:9464, would answer another
+// package's test that runs at the same time (one ran `inspect` against it
+// and read this package's 100 rows instead of its own empty files).
 func filesTestConfig(t *testing.T, dataDir, extra string) *config.Config {
 	t.Helper()
 	yaml := fmt.Sprintf(`gateway_id: gw-files
@@ -27,6 +31,7 @@ mqtt:
   subscriptions:
     - {topic: "s/{device}", format: json}
 readings: {event_id: id, event_time: ts}
+status: {listen: ""}
 %s`, dataDir, extra)
 	cfg, err := config.Parse("edgeagent.yaml", []byte(yaml), func(string) (string, bool) { return "", false })
 	if err != nil {
