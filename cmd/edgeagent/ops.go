@@ -224,7 +224,37 @@ func configStatusClient(e *env, cfg *config.Config) (*status.Client, int) {
 			return nil, exitConfig
 		}
 	}
-	return status.NewClient(cfg.Status.Listen, cfg.Status.Token, tc), exitOK
+	client := status.NewClient(cfg.Status.Listen, cfg.Status.Token, tc)
+	client.Expect = expectedAgent(cfg)
+	return client, exitOK
+}
+
+// expectedAgent is the agent cfg describes, which its status.listen must
+// answer as; nil when data_dir comes from a variable that is not set here.
+func expectedAgent(cfg *config.Config) *status.Identity {
+	if len(cfg.Unresolved("data_dir")) > 0 {
+		return nil
+	}
+	dir, err := filepath.Abs(cfg.DataDir)
+	if err != nil {
+		return nil // no working directory: the agent's own path is all there is
+	}
+	id := &status.Identity{Gateway: cfg.GatewayID, DataDir: dir}
+	if len(cfg.Unresolved("gateway_id")) > 0 {
+		id.Gateway = ""
+	}
+	return id
+}
+
+// noteGatewayChange tells of a gateway_id edited in the config but not yet
+// in force: the figures are this data_dir's agent's, under its old name.
+func noteGatewayChange(e *env, client *status.Client, path string) {
+	want := client.Expect
+	if want == nil || want.Gateway == "" || client.Answered.Gateway == want.Gateway {
+		return
+	}
+	fmt.Fprintf(e.stderr, "edgeagent: note: the running agent's gateway_id is %q, %s says %q: reload it (systemctl reload edgeagent) to apply the change\n",
+		client.Answered.Gateway, path, want.Gateway)
 }
 
 func statusCmd(ctx context.Context, e *env, args []string) int {
@@ -244,7 +274,10 @@ func statusCmd(ctx context.Context, e *env, args []string) int {
 	snap, err := client.Snapshot(ctx)
 	if err != nil {
 		var unknownCA x509.UnknownAuthorityError
+		var otherAgent *status.OtherAgentError
 		switch {
+		case errors.As(err, &otherAgent):
+			e.errorf("%v.\nGive each agent its own status.listen (and reload it); --addr HOST:PORT reads whichever agent answers there.", err)
 		case errors.Is(err, status.ErrNotRunning):
 			e.errorf("the agent is not running (nothing listens on %s). Start it with: systemctl start edgeagent (or edgeagent run -c FILE)", client.Base)
 		case errors.As(err, &unknownCA):
@@ -260,6 +293,7 @@ func statusCmd(ctx context.Context, e *env, args []string) int {
 		}
 		return exitFail
 	}
+	noteGatewayChange(e, client, *path)
 	if *asJSON {
 		enc := json.NewEncoder(e.stdout)
 		enc.SetIndent("", "  ")
@@ -400,9 +434,15 @@ func inspectCmd(ctx context.Context, e *env, table string, args []string) int {
 		}
 		var raw json.RawMessage
 		err := client.Inspect(ctx, table, vals, &raw)
+		var otherAgent *status.OtherAgentError
 		switch {
 		case err == nil:
 			rows, viaEndpoint = raw, true
+			noteGatewayChange(e, client, *path)
+		case errors.As(err, &otherAgent):
+			// This config's agent is not the one listening: stopped, or
+			// started before status.listen changed. Its files say which.
+			fmt.Fprintf(e.stderr, "edgeagent: note: %v; reading %s's files instead\n", err, cfg.DataDir)
 		case !errors.Is(err, status.ErrNotRunning):
 			e.errorf("inspect %s through the running agent: %v", table, err)
 			return exitFail

@@ -29,6 +29,12 @@ type Client struct {
 	Token string
 	// Timeout bounds a whole request: dial, handshake, answer.
 	Timeout time.Duration
+	// Expect, when set, is the agent the caller means: an answer from
+	// any other (another data_dir, or no name at all) is an
+	// *OtherAgentError instead of its figures or rows.
+	Expect *Identity
+	// Answered is the agent that answered the last request.
+	Answered Identity
 
 	addr string      // host:port dialled
 	tls  *tls.Config // nil: plain HTTP
@@ -73,7 +79,18 @@ func (c *Client) get(ctx context.Context, path string, q url.Values, out any) er
 		return fmt.Errorf("status: GET %s: %w", u, err)
 	}
 	if resp.StatusCode != http.StatusOK {
+		// Another agent's error (a table it does not know, a failed
+		// read) says less than that it is another agent. A 401 names
+		// no one, and stays a 401.
+		if _, named := identityOf(resp.Header); named {
+			if err := c.checkIdentity(resp.Header); err != nil {
+				return err
+			}
+		}
 		return fmt.Errorf("status: GET %s: %s: %s", u, resp.Status, bytes.TrimSpace(body))
+	}
+	if err := c.checkIdentity(resp.Header); err != nil {
+		return err
 	}
 	if err := json.Unmarshal(body, out); err != nil {
 		return fmt.Errorf("status: decode %s: %w", u, err)

@@ -54,6 +54,10 @@ type Config struct {
 	Token string
 	// CertFile and KeyFile, when set, make the endpoint serve HTTPS.
 	CertFile, KeyFile string
+	// Identity is sent with every authorized answer (IdentityHeaders), so
+	// that a client reading this config's endpoint can tell this agent
+	// from another one holding the same address.
+	Identity Identity
 	// Limits feed the warnings: the trigger interval a batch should fit in.
 	TriggerInterval time.Duration
 	Logger          *slog.Logger
@@ -338,9 +342,16 @@ func Bytes(n int64) string {
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
+// auth answers only requests with the token (when one is set), and names
+// the agent in the answers it lets through: data_dir's path is not for
+// whoever can reach the port without the token.
 func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc {
+	identified := func(w http.ResponseWriter, r *http.Request) {
+		s.cfg.Identity.setHeaders(w.Header())
+		h(w, r)
+	}
 	if s.cfg.Token == "" {
-		return h
+		return identified
 	}
 	want := []byte(s.cfg.Token)
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -353,7 +364,7 @@ func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc {
 			http.Error(w, "status endpoint: missing or wrong token (send Authorization: Bearer <status.token>)", http.StatusUnauthorized)
 			return
 		}
-		h(w, r)
+		identified(w, r)
 	}
 }
 

@@ -1,0 +1,122 @@
+package status
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// A client that expects one agent takes figures and rows only from that
+// agent: another data_dir, or an answer that names no agent, is an
+// *OtherAgentError, whatever the answer held.
+func TestClientChecksTheAgentThatAnswers(t *testing.T) {
+	dir := t.TempDir()
+	dataDir := filepath.Join(dir, "data")
+	link := filepath.Join(dir, "link")
+	if err := os.Mkdir(dataDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(dataDir, link); err != nil {
+		t.Fatal(err)
+	}
+	me := Identity{Gateway: "gw-7", DataDir: dataDir}
+	src := &fakeSource{snap: sampleSnapshot(), ready: true}
+	s := startServer(t, Config{Identity: me}, src)
+	ctx := context.Background()
+
+	for _, tc := range []struct {
+		name   string
+		expect *Identity
+		other  bool
+	}{
+		{"no expectation", nil, false},
+		{"this agent", &Identity{Gateway: "gw-7", DataDir: dataDir}, false},
+		{"this agent, data_dir with a trailing slash", &Identity{Gateway: "gw-7", DataDir: dataDir + "/"}, false},
+		{"this agent, data_dir through a link", &Identity{Gateway: "gw-7", DataDir: link}, false},
+		// A gateway_id edited but not reloaded: the same agent, which
+		// the caller may note; the client does not refuse it.
+		{"this agent under a new name", &Identity{Gateway: "gw-8", DataDir: dataDir}, false},
+		{"another data_dir", &Identity{Gateway: "gw-7", DataDir: filepath.Join(dir, "other")}, true},
+	} {
+		c := NewClient(s.Addr(), "", nil)
+		c.Expect = tc.expect
+		snap, snapErr := c.Snapshot(ctx)
+		var rows []map[string]any
+		rowsErr := c.Inspect(ctx, "late", nil, &rows)
+		for _, err := range []error{snapErr, rowsErr} {
+			var other *OtherAgentError
+			switch {
+			case tc.other && !errors.As(err, &other):
+				t.Errorf("%s: %v, want an *OtherAgentError", tc.name, err)
+			case tc.other && (other.Got != me || !strings.Contains(err.Error(), "keeps its data in "+dataDir)):
+				t.Errorf("%s: %v names %+v, want %+v", tc.name, err, other.Got, me)
+			case !tc.other && err != nil:
+				t.Errorf("%s: %v", tc.name, err)
+			}
+		}
+		if !tc.other && (snap.Gateway != "gw-7" || len(rows) != 1) {
+			t.Errorf("%s: snapshot %q, %d rows", tc.name, snap.Gateway, len(rows))
+		}
+		if c.Answered != me {
+			t.Errorf("%s: answered %+v, want %+v", tc.name, c.Answered, me)
+		}
+	}
+
+	// Another agent's error answer is still another agent's.
+	c := NewClient(s.Addr(), "", nil)
+	c.Expect = &Identity{Gateway: "gw-7", DataDir: filepath.Join(dir, "other")}
+	var other *OtherAgentError
+	if err := c.Inspect(ctx, "nothing", nil, new(any)); !errors.As(err, &other) {
+		t.Errorf("another agent's 404: %v, want an *OtherAgentError", err)
+	}
+
+	// Something else on the port, answering like the endpoint but naming
+	// no agent (or an agent from before the headers).
+	unnamed := startServer(t, Config{}, src)
+	c = NewClient(unnamed.Addr(), "", nil)
+	c.Expect = &me
+	if _, err := c.Snapshot(ctx); !errors.As(err, &other) || !other.Unnamed || !strings.Contains(err.Error(), "does not name the agent") {
+		t.Errorf("an unnamed answer: %v, want an unnamed *OtherAgentError", err)
+	}
+	c.Expect = nil
+	if _, err := c.Snapshot(ctx); err != nil {
+		t.Errorf("an unnamed answer without an expectation: %v", err)
+	}
+}
+
+// The identity goes only to a caller with the token: a data_dir's path is
+// not for whoever reaches the port. It survives any bytes in either name.
+func TestIdentityNeedsTheToken(t *testing.T) {
+	me := Identity{Gateway: "gw 7/ü", DataDir: "/var/lib/edge agent/ü"}
+	s := startServer(t, Config{Token: "s3cret", Identity: me}, &fakeSource{snap: sampleSnapshot()})
+	for _, tc := range []struct {
+		token string
+		named bool
+	}{{"", false}, {"wrong", false}, {"s3cret", true}} {
+		req, err := http.NewRequest("GET", "http://"+s.Addr()+"/status.json", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tc.token != "" {
+			req.Header.Set("Authorization", "Bearer "+tc.token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		got, named := identityOf(resp.Header)
+		if named != tc.named || (named && got != me) {
+			t.Errorf("token %q: headers name %+v (%v), want named=%v", tc.token, got, named, tc.named)
+		}
+	}
+	c := NewClient(s.Addr(), "s3cret", nil)
+	c.Expect = &me
+	if _, err := c.Snapshot(context.Background()); err != nil {
+		t.Errorf("with the token, a path of spaces and non-ASCII bytes: %v", err)
+	}
+}
