@@ -110,6 +110,25 @@ func ephemeralFloor() (low int, ok bool) {
 // why that can happen). Nothing has connected to the server yet then.
 const StartAttempts = 3
 
+// FirstStart starts a server with start on port and returns the port it
+// got: when start fails because the port was taken (Taken), it tries a
+// fresh one from Port, up to StartAttempts in all. Any other failure, or
+// the last, fails the test. name says which server in the log.
+func FirstStart(t testing.TB, name string, port int, start func(port int) error) int {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		err := start(port)
+		if err == nil {
+			return port
+		}
+		if attempt == StartAttempts || !Taken(err.Error()) {
+			t.Fatal(err)
+		}
+		t.Logf("%s: port %d was taken; it starts again on another", name, port)
+		port = Port(t)
+	}
+}
+
 // Taken reports whether a server's error or log says that its port was in
 // use: mosquitto logs "Error: Address already in use", nats-server and Go
 // "bind: address already in use".

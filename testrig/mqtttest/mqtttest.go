@@ -129,7 +129,7 @@ func StartMosquitto(t testing.TB, extraConf string) *Mosquitto {
 func startMosquitto(t testing.TB, extraConf string, port int) *Mosquitto {
 	t.Helper()
 	m := &Mosquitto{t: t, bin: MosquittoPath(t), dir: t.TempDir()}
-	for attempt := 1; ; attempt++ {
+	m.port = freeport.FirstStart(t, "mqtttest: mosquitto", port, func(port int) error {
 		m.port = port
 		conf := fmt.Sprintf(`listener %d 127.0.0.1
 allow_anonymous true
@@ -145,18 +145,10 @@ user root
 %s
 `, m.port, m.dir, filepath.Join(m.dir, "mosquitto.log"), extraConf)
 		if err := os.WriteFile(filepath.Join(m.dir, "mosquitto.conf"), []byte(conf), 0o600); err != nil {
-			t.Fatalf("mqtttest: write mosquitto.conf: %v", err)
+			return fmt.Errorf("mqtttest: write mosquitto.conf: %w", err)
 		}
-		err := m.start()
-		if err == nil {
-			break
-		}
-		if attempt == freeport.StartAttempts || !freeport.Taken(err.Error()) {
-			t.Fatal(err)
-		}
-		t.Logf("mqtttest: port %d was taken; mosquitto starts again on another", m.port)
-		port = FreePort(t)
-	}
+		return m.start()
+	})
 	t.Cleanup(m.Stop)
 	return m
 }

@@ -117,18 +117,11 @@ func (s *Server) writeConfig() {
 // so again on a fresh one.
 func (s *Server) firstStart(prepare func()) {
 	s.t.Helper()
-	for attempt := 1; ; attempt++ {
+	s.port = freeport.FirstStart(s.t, "natstest", s.port, func(port int) error {
+		s.port = port
 		prepare()
-		err := s.start()
-		if err == nil {
-			return
-		}
-		if attempt == freeport.StartAttempts || !freeport.Taken(err.Error()) {
-			s.t.Fatal(err)
-		}
-		s.t.Logf("natstest: port %d was taken; the server starts again on another", s.port)
-		s.port = FreePort(s.t)
-	}
+		return s.start()
+	})
 }
 
 func newServer(t testing.TB, bin string, opts []Option) *Server {
