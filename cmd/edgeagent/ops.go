@@ -235,15 +235,11 @@ func expectedAgent(cfg *config.Config) *status.Identity {
 	if len(cfg.Unresolved("data_dir")) > 0 {
 		return nil
 	}
-	dir, err := filepath.Abs(cfg.DataDir)
-	if err != nil {
-		return nil // no working directory: the agent's own path is all there is
-	}
-	id := &status.Identity{Gateway: cfg.GatewayID, DataDir: dir}
+	id := status.AgentIdentity(cfg.GatewayID, cfg.DataDir)
 	if len(cfg.Unresolved("gateway_id")) > 0 {
 		id.Gateway = ""
 	}
-	return id
+	return &id
 }
 
 // noteGatewayChange tells of a gateway_id edited in the config but not yet

@@ -323,13 +323,8 @@ func Open(cfg *config.Config, opts Options) (*Agent, error) {
 			return nil, fmt.Errorf("render effective config: %w", err)
 		}
 		src := &statusSource{a: a, tables: tables, started: opts.Clock(), config: redacted}
-		dataDir, err := filepath.Abs(cfg.DataDir)
-		if err != nil {
-			a.Close()
-			return nil, fmt.Errorf("data_dir %s: %w", cfg.DataDir, err)
-		}
 		a.Status, err = status.New(status.Config{Listen: cfg.Status.Listen, Token: cfg.Status.Token,
-			Identity: status.Identity{Gateway: cfg.GatewayID, DataDir: dataDir},
+			Identity: status.AgentIdentity(cfg.GatewayID, cfg.DataDir),
 			CertFile: cfg.Status.TLS.CertFile, KeyFile: cfg.Status.TLS.KeyFile,
 			TriggerInterval: time.Duration(cfg.Processing.TriggerInterval), Logger: opts.Logger.With("component", "status"), Clock: opts.Clock}, src)
 		if err != nil {

@@ -23,7 +23,10 @@ func TestClientChecksTheAgentThatAnswers(t *testing.T) {
 	if err := os.Symlink(dataDir, link); err != nil {
 		t.Fatal(err)
 	}
-	me := Identity{Gateway: "gw-7", DataDir: dataDir}
+	me := AgentIdentity("gw-7", dataDir)
+	if me.DirID == "" {
+		t.Fatalf("no device and inode for %s", dataDir)
+	}
 	src := &fakeSource{snap: sampleSnapshot(), ready: true}
 	s := startServer(t, Config{Identity: me}, src)
 	ctx := context.Background()
@@ -34,13 +37,16 @@ func TestClientChecksTheAgentThatAnswers(t *testing.T) {
 		other  bool
 	}{
 		{"no expectation", nil, false},
-		{"this agent", &Identity{Gateway: "gw-7", DataDir: dataDir}, false},
-		{"this agent, data_dir with a trailing slash", &Identity{Gateway: "gw-7", DataDir: dataDir + "/"}, false},
-		{"this agent, data_dir through a link", &Identity{Gateway: "gw-7", DataDir: link}, false},
+		{"this agent", &me, false},
+		{"this agent, data_dir with a trailing slash", ptr(AgentIdentity("gw-7", dataDir+"/")), false},
+		{"this agent, data_dir through a link", ptr(AgentIdentity("gw-7", link)), false},
+		{"this agent, data_dir relative to another working directory", ptr(AgentIdentity("gw-7", relativeTo(t, dataDir))), false},
 		// A gateway_id edited but not reloaded: the same agent, which
 		// the caller may note; the client does not refuse it.
-		{"this agent under a new name", &Identity{Gateway: "gw-8", DataDir: dataDir}, false},
-		{"another data_dir", &Identity{Gateway: "gw-7", DataDir: filepath.Join(dir, "other")}, true},
+		{"this agent under a new name", ptr(AgentIdentity("gw-8", dataDir)), false},
+		{"another data_dir, not made yet", ptr(AgentIdentity("gw-7", filepath.Join(dir, "other"))), true},
+		{"another data_dir", ptr(AgentIdentity("gw-7", dir)), true},
+		{"the same path string, another directory", &Identity{Gateway: "gw-7", DataDir: dataDir, DirID: "1:2"}, true},
 	} {
 		c := NewClient(s.Addr(), "", nil)
 		c.Expect = tc.expect
@@ -68,7 +74,7 @@ func TestClientChecksTheAgentThatAnswers(t *testing.T) {
 
 	// Another agent's error answer is still another agent's.
 	c := NewClient(s.Addr(), "", nil)
-	c.Expect = &Identity{Gateway: "gw-7", DataDir: filepath.Join(dir, "other")}
+	c.Expect = ptr(AgentIdentity("gw-7", dir))
 	var other *OtherAgentError
 	if err := c.Inspect(ctx, "nothing", nil, new(any)); !errors.As(err, &other) {
 		t.Errorf("another agent's 404: %v, want an *OtherAgentError", err)
@@ -85,6 +91,35 @@ func TestClientChecksTheAgentThatAnswers(t *testing.T) {
 	c.Expect = nil
 	if _, err := c.Snapshot(ctx); err != nil {
 		t.Errorf("an unnamed answer without an expectation: %v", err)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// relativeTo is path relative to the test's working directory.
+func relativeTo(t *testing.T, path string) string {
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(wd, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rel
+}
+
+// Where neither side can read the directory's device and inode, the
+// paths decide.
+func TestIdentityWithoutDirIDComparesPaths(t *testing.T) {
+	a := Identity{DataDir: "/var/lib/edgeagent/"}
+	for _, tc := range []struct {
+		other string
+		same  bool
+	}{{"/var/lib/edgeagent", true}, {"/var/lib/./edgeagent", true}, {"/var/lib/edgeagent-2", false}} {
+		if got := a.sameDir(&Identity{DataDir: tc.other}); got != tc.same {
+			t.Errorf("%s against %s: same %v, want %v", a.DataDir, tc.other, got, tc.same)
+		}
 	}
 }
 
