@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 var (
@@ -126,6 +127,31 @@ func FirstStart(t testing.TB, name string, port int, start func(port int) error)
 		}
 		t.Logf("%s: port %d was taken; it starts again on another", name, port)
 		port = Port(t)
+	}
+}
+
+// Hold listens on a loopback port until the test ends, as another process
+// that took a server's port between its choice and the bind would, for
+// tests of FirstStart's callers. reached reports whether anything
+// connected to the port since: a server's clients must not have.
+func Hold(t testing.TB) (port int, reached func() bool) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l.Addr().(*net.TCPAddr).Port, func() bool {
+		// A deadline already passed fails Accept before it looks at the
+		// backlog, where a connection made earlier waits: give it a moment.
+		if err := l.(*net.TCPListener).SetDeadline(time.Now().Add(100 * time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+		c, err := l.Accept()
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
 	}
 }
 

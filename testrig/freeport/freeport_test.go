@@ -95,3 +95,22 @@ func TestFirstStart(t *testing.T) {
 		t.Errorf("another failure: tried %v, fatal %q; want one try", tried, fatal)
 	}
 }
+
+// Hold's check sees a connection made to the held port, and only one.
+func TestHold(t *testing.T) {
+	port, reached := Hold(t)
+	if reached() {
+		t.Fatal("reached before anything connected")
+	}
+	c, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if !reached() {
+		t.Fatal("a connection to the held port was not seen")
+	}
+	if reached() {
+		t.Fatal("one connection was seen twice")
+	}
+}

@@ -1,22 +1,18 @@
 package mqtttest
 
 import (
-	"net"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgeagent/edgeagent/testrig/freeport"
 )
 
 // A mosquitto whose port was taken starts on a fresh one. Before, the
 // start waited only for a connection to the port, which the holder
 // accepted while mosquitto exited.
 func TestMosquittoMovesOffATakenPort(t *testing.T) {
-	held, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer held.Close()
-	taken := held.Addr().(*net.TCPAddr).Port
+	taken, reached := freeport.Hold(t)
 	m := startMosquitto(t, "", taken)
 	if m.port == taken {
 		t.Fatalf("mosquitto is on the taken port %d", taken)
@@ -28,11 +24,7 @@ func TestMosquittoMovesOffATakenPort(t *testing.T) {
 	if tok := p.Client.Publish("t", 1, false, "x"); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
 		t.Fatalf("publish to the moved mosquitto: %v", tok.Error())
 	}
-	if err := held.(*net.TCPListener).SetDeadline(time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	if c, err := held.Accept(); err == nil {
-		c.Close()
+	if reached() {
 		t.Fatal("a connection went to the port's holder")
 	}
 	// A restart keeps the port the broker moved to.

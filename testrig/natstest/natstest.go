@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -153,6 +154,9 @@ func (s *Server) Start() {
 	}
 }
 
+// natsReady is the line nats-server logs once its listeners are bound.
+const natsReady = "Server is ready"
+
 func (s *Server) start() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -189,6 +193,7 @@ func (s *Server) start() error {
 		s.srv = srv
 		return nil
 	}
+	readies := strings.Count(s.Log(), natsReady)
 	cmd := exec.Command(s.bin, "-c", filepath.Join(s.dir, "nats-server.conf"))
 	// A test binary killed by its timeout leaves no server behind.
 	cmd.SysProcAttr = procattr.Child()
@@ -199,18 +204,22 @@ func (s *Server) start() error {
 	go func() { exited <- cmd.Wait() }()
 	deadline := time.Now().Add(s.startTimeout)
 	for {
-		if nc, err := nats.Connect(s.URL(), nats.Timeout(time.Second)); err == nil {
-			ok := jetStreamReady(nc)
-			nc.Close()
-			if ok {
-				s.cmd, s.exited = cmd, exited
-				return nil
-			}
-		}
 		select {
 		case err := <-exited:
 			return fmt.Errorf("natstest: %s on %s exited during start: %v; log:\n%s", s.bin, s.Addr(), err, s.Log())
 		default:
+		}
+		// Only once this server says it is ready: before, a connection
+		// could reach another process holding the port.
+		if strings.Count(s.Log(), natsReady) > readies {
+			if nc, err := nats.Connect(s.URL(), nats.Timeout(time.Second)); err == nil {
+				ok := jetStreamReady(nc)
+				nc.Close()
+				if ok {
+					s.cmd, s.exited = cmd, exited
+					return nil
+				}
+			}
 		}
 		if time.Now().After(deadline) {
 			_ = cmd.Process.Kill()
