@@ -52,7 +52,10 @@ type envConfig struct {
 	// allows (else, and with tmpfsBytes 0, the fault injects write errors).
 	diskFull   bool
 	tmpfsBytes int64
-	progress   io.Writer
+	// holdVerifier starts a NATS verifier held until the caller releases
+	// it (verify.Config.Hold); an MQTT one consumes from the start.
+	holdVerifier bool
+	progress     io.Writer
 }
 
 // env is a run's servers, proxy, verifier and agent.

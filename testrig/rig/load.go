@@ -438,7 +438,8 @@ func Load(ctx context.Context, o LoadOptions) (*LoadReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	e, err := newEnv(ctx, envConfig{dir: dir, agentBin: o.Agent, agent: sc.Agent, mqtt: o.MQTT, embedded: o.Embedded, uplink: o.Uplink, progress: o.Progress})
+	e, err := newEnv(ctx, envConfig{dir: dir, agentBin: o.Agent, agent: sc.Agent, mqtt: o.MQTT, embedded: o.Embedded, uplink: o.Uplink,
+		holdVerifier: true, progress: o.Progress})
 	if err != nil {
 		removeTemp(dir, temp)
 		return nil, err
@@ -549,6 +550,10 @@ func Load(ctx context.Context, o LoadOptions) (*LoadReport, error) {
 	lr.PeakRSSLoadBytes = u1.PeakRSSBytes
 	st1 := e.status(ctx)
 	m1 := e.metrics(ctx)
+	// The ceiling phase had no verifier beside it: over NATS this one
+	// has held its consumption until now, and reads what the stream kept
+	// (arrival times are the stream's).
+	e.verifier.Release()
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}

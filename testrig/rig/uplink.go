@@ -87,7 +87,7 @@ func (e *env) startUplink(ctx context.Context) (string, error) {
 	if e.proxy, err = faultproxy.New(natsAddr); err != nil {
 		return "", err
 	}
-	if e.verifier, err = verify.Start(ctx, verify.Config{URL: e.natsURL, Stream: Stream, Subject: Subject, AfterSeq: after}); err != nil {
+	if e.verifier, err = verify.Start(ctx, verify.Config{URL: e.natsURL, Stream: Stream, Subject: Subject, AfterSeq: after, Hold: e.cfg.holdVerifier}); err != nil {
 		return "", err
 	}
 	e.uplinkName = "NATS JetStream"

@@ -38,7 +38,8 @@ type mqttSource struct {
 	client     paho.Client
 	topic      string
 	drainTopic string
-	seq        atomic.Uint64 // arrivals, the Verifier's message sequence
+	clock      func() time.Time // stamps arrivals
+	seq        atomic.Uint64    // arrivals, the Verifier's message sequence
 	markers    atomic.Uint64
 
 	mu   sync.Mutex
@@ -64,9 +65,9 @@ func StartMQTT(cfg MQTTConfig) (*Verifier, error) {
 		cfg.Clock = time.Now
 	}
 	// paho owns the subscriber's goroutines; Close disconnects it.
-	v := &Verifier{cfg: Config{Logger: cfg.Logger, Clock: cfg.Clock}, cancel: func() {},
+	v := &Verifier{cfg: Config{Logger: cfg.Logger}, cancel: func() {},
 		windows: map[WindowID]*received{}, keys: map[string]wire.Aggregate{}, batches: map[string]bool{}}
-	s := &mqttSource{topic: cfg.Topic, drainTopic: "edgerig/verify/" + cfg.ClientID + "/drain", seen: map[string]chan struct{}{}}
+	s := &mqttSource{topic: cfg.Topic, drainTopic: "edgerig/verify/" + cfg.ClientID + "/drain", clock: cfg.Clock, seen: map[string]chan struct{}{}}
 	if err := discardSession(cfg.Broker, cfg.ClientID); err != nil {
 		return nil, fmt.Errorf("verify: discard the old session: %w", err)
 	}
@@ -175,7 +176,7 @@ func (s *mqttSource) handle(v *Verifier, m paho.Message) {
 		s.mu.Unlock()
 		return
 	}
-	v.record(s.seq.Add(1), m.Payload(), wire.DecodeBody)
+	v.record(s.seq.Add(1), s.clock(), m.Payload(), wire.DecodeBody)
 }
 
 // waitDrained publishes a marker on the verifier's own drain topic and

@@ -35,8 +35,12 @@ type Config struct {
 	// reused run directory) holds an earlier run's aggregates, under the
 	// same idempotency keys, which this run's truth knows nothing of.
 	AfterSeq uint64
-	// Clock stamps arrivals; defaults to time.Now.
-	Clock func() time.Time
+	// Hold makes Start connect without consuming until Release: a load
+	// run keeps the verifier's decoding and upserts (and the collector's
+	// scans of what they hold) off the machine while it measures the
+	// agent against a ceiling that carries no verifier. The stream keeps
+	// what arrives meanwhile, and arrival times are the stream's own.
+	Hold bool
 }
 
 // WindowID is the receiver's upsert key.
@@ -92,6 +96,10 @@ type Verifier struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	once   sync.Once
+	// released is closed by Release; a verifier started without Hold
+	// starts released.
+	released    chan struct{}
+	releaseOnce sync.Once
 	// mqtt is the subscriber when the uplink is read over MQTT (StartMQTT).
 	mqtt *mqttSource
 
@@ -114,9 +122,6 @@ func Start(ctx context.Context, cfg Config) (*Verifier, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = time.Now
-	}
 	// Reconnect for ever: the rig restarts the server under us.
 	nc, err := nats.Connect(cfg.URL, nats.Timeout(5*time.Second), nats.MaxReconnects(-1),
 		nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
@@ -130,14 +135,30 @@ func Start(ctx context.Context, cfg Config) (*Verifier, error) {
 	}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	v := &Verifier{cfg: cfg, nc: nc, js: js, cancel: cancel,
-		windows: map[WindowID]*received{}, keys: map[string]wire.Aggregate{}, batches: map[string]bool{}}
+		windows: map[WindowID]*received{}, keys: map[string]wire.Aggregate{}, batches: map[string]bool{},
+		released: make(chan struct{})}
 	v.progress.LastSeq = cfg.AfterSeq // consumeOnce starts after it
+	if !cfg.Hold {
+		v.Release()
+	}
 	v.wg.Add(1)
 	go func() {
 		defer v.wg.Done()
-		v.consume(ctx)
+		select {
+		case <-v.released:
+			v.consume(ctx)
+		case <-ctx.Done():
+		}
 	}()
 	return v, nil
+}
+
+// Release starts the consumption of a verifier started with Config.Hold.
+// Safe to call more than once, and on any verifier.
+func (v *Verifier) Release() {
+	if v.released != nil {
+		v.releaseOnce.Do(func() { close(v.released) })
+	}
 }
 
 // Close stops consuming and disconnects. Safe to call twice.
@@ -216,15 +237,18 @@ func (v *Verifier) handle(msg jetstream.Msg) {
 		return
 	}
 	enc := msg.Headers().Get("Content-Encoding")
-	v.record(meta.Sequence.Stream, msg.Data(), func(b []byte) (*wire.Batch, error) { return wire.DecodeBatch(b, enc) })
+	// The stream's time is the window's arrival in the cloud, whenever
+	// the verifier reads it (see Config.Hold).
+	v.record(meta.Sequence.Stream, meta.Timestamp, msg.Data(), func(b []byte) (*wire.Batch, error) { return wire.DecodeBatch(b, enc) })
 }
 
 // record upserts one uplink message. seq numbers the messages of the
 // transport: the JetStream stream sequence, or the arrival count over MQTT.
-// decode is the transport's decoder: by the Content-Encoding header on
-// NATS, by the body's first bytes on MQTT (which has no headers).
-func (v *Verifier) record(seq uint64, data []byte, decode func([]byte) (*wire.Batch, error)) {
-	now := v.cfg.Clock()
+// now is its arrival: the time JetStream stored it, or the MQTT
+// subscriber's clock when it arrived. decode is the transport's decoder:
+// by the Content-Encoding header on NATS, by the body's first bytes on
+// MQTT (which has no headers).
+func (v *Verifier) record(seq uint64, now time.Time, data []byte, decode func([]byte) (*wire.Batch, error)) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if seq <= v.progress.LastSeq {

@@ -329,3 +329,47 @@ func TestOvercountedSettles(t *testing.T) {
 		t.Fatalf("a window short of readings may still be revised: %+v", r.Windows)
 	}
 }
+
+// TestHeldVerifierReadsAfterRelease: a verifier started with Hold reads
+// nothing, though another consumer has read what the stream holds, until
+// Release; then it reads it all, stamped with the time the stream stored
+// it, as a verifier that read it live was.
+func TestHeldVerifierReadsAfterRelease(t *testing.T) {
+	n := startNATS(t)
+	held, err := Start(context.Background(), Config{URL: n.URL(), Stream: stream, Subject: subject, Hold: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { held.Close() })
+	live := startVerifier(t, n.URL())
+
+	a := agg("d1", "t", 0, 1, 1, 2)
+	publish(t, n.URL(), "b1", a)
+	publishedAndDrained(t, live, 1)
+	if p := held.Progress(); p.Messages != 0 || p.Aggregates != 0 {
+		t.Fatalf("held verifier consumed before its release: %+v", p)
+	}
+
+	released := time.Now()
+	held.Release()
+	held.Release() // a second call is harmless
+	publishedAndDrained(t, held, 1)
+
+	arrivedAt := func(v *Verifier) time.Time {
+		t.Helper()
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		r := v.windows[WindowID{gw, "d1", "t", 0}]
+		if r == nil || len(r.revs) != 1 {
+			t.Fatalf("window d1/t/0: %+v, want one arrival", r)
+		}
+		return r.revs[0].at
+	}
+	heldAt, liveAt := arrivedAt(held), arrivedAt(live)
+	if !heldAt.Before(released) {
+		t.Errorf("held verifier stamped the arrival %v, after its release at %v: its read time, not the stream's", heldAt, released)
+	}
+	if !heldAt.Equal(liveAt) {
+		t.Errorf("arrival stamped %v by the held verifier and %v by the live one; both should be the stream's", heldAt, liveAt)
+	}
+}
