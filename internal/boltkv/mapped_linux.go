@@ -23,15 +23,22 @@ import (
 // The read transaction holds bbolt's map lock, so no remap can move or
 // shrink the map while the advice is given; the range is the database's
 // high-water mark, which the map always covers.
+//
+// The two meta pages at the file's start stay: every transaction reads
+// both as it begins, so each begin after a drop faulted them back, the
+// drop's own transaction included (about 12 µs a fault, 2 % of the agent's
+// CPU under load in a profile). They cost 8 KiB of the resident set, 64 KiB
+// with the state file's 32 KiB pages.
 func DropMapped(db *bolt.DB) error {
 	return db.View(func(tx *bolt.Tx) error {
-		base := db.Info().Data
+		info := db.Info()
 		page := uintptr(os.Getpagesize())
 		n := (uintptr(tx.Size()) + page - 1) &^ (page - 1)
-		if base == 0 || n == 0 {
+		keep := (2*uintptr(info.PageSize) + page - 1) &^ (page - 1)
+		if info.Data == 0 || n <= keep {
 			return nil
 		}
-		if _, _, errno := syscall.Syscall(syscall.SYS_MADVISE, base, n, syscall.MADV_DONTNEED); errno != 0 {
+		if _, _, errno := syscall.Syscall(syscall.SYS_MADVISE, info.Data+keep, n-keep, syscall.MADV_DONTNEED); errno != 0 {
 			return fmt.Errorf("release mapped pages of %s: %w", db.Path(), errno)
 		}
 		return nil

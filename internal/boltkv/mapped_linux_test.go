@@ -2,7 +2,9 @@ package boltkv
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -72,5 +74,74 @@ func TestDropMappedReleasesPagesAndKeepsData(t *testing.T) {
 	}
 	if n := readAll(); n != 16000 {
 		t.Errorf("read %d records after DropMapped, want 16000", n)
+	}
+}
+
+// mappedPresent says whether the page of this process holding addr is
+// mapped (/proc/self/pagemap bit 63).
+func mappedPresent(t *testing.T, addr uintptr) bool {
+	t.Helper()
+	f, err := os.Open("/proc/self/pagemap")
+	if err != nil {
+		t.Skipf("no /proc/self/pagemap: %v", err)
+	}
+	defer f.Close()
+	var e [8]byte
+	if _, err := f.ReadAt(e[:], int64(addr/uintptr(os.Getpagesize()))*8); err != nil {
+		t.Fatalf("pagemap entry of %#x: %v", addr, err)
+	}
+	return binary.LittleEndian.Uint64(e[:])&(1<<63) != 0
+}
+
+// TestDropMappedKeepsTheMetaPages: every transaction begins by reading
+// both meta pages, so a drop leaves them mapped and drops the rest.
+func TestDropMappedKeepsTheMetaPages(t *testing.T) {
+	for _, pageSize := range []int{os.Getpagesize(), 32 << 10} {
+		t.Run(fmt.Sprint(pageSize), func(t *testing.T) {
+			opts := Options(false)
+			opts.PageSize = pageSize
+			db, err := bolt.Open(filepath.Join(t.TempDir(), "kv.db"), 0o600, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			val := bytes.Repeat([]byte("x"), 512)
+			if err := db.Update(func(tx *bolt.Tx) error {
+				b, err := tx.CreateBucket([]byte("b"))
+				if err != nil {
+					return err
+				}
+				for i := range 4000 {
+					if err := b.Put(Key(uint64(i)), val); err != nil {
+						return err
+					}
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			var last uintptr // the file's last page, a leaf the read touched
+			if err := db.View(func(tx *bolt.Tx) error {
+				last = db.Info().Data + uintptr(tx.Size()) - 1
+				return tx.Bucket([]byte("b")).ForEach(func(k, v []byte) error { return nil })
+			}); err != nil {
+				t.Fatal(err)
+			}
+			base := db.Info().Data
+			if !mappedPresent(t, base) || !mappedPresent(t, last) {
+				t.Fatal("a read transaction left the first or the last page unmapped; the measurement does not work")
+			}
+			if err := DropMapped(db); err != nil {
+				t.Fatal(err)
+			}
+			for _, off := range []uintptr{0, uintptr(pageSize)} {
+				if !mappedPresent(t, base+off) {
+					t.Errorf("meta page at offset %d dropped", off)
+				}
+			}
+			if mappedPresent(t, last) {
+				t.Error("the file's last page is still mapped after DropMapped")
+			}
+		})
 	}
 }
