@@ -129,7 +129,10 @@ func TestDropMappedKeepsTheMetaPages(t *testing.T) {
 			}
 			base := db.Info().Data
 			if !mappedPresent(t, base) || !mappedPresent(t, last) {
-				t.Fatal("a read transaction left the first or the last page unmapped; the measurement does not work")
+				// Under qemu-user the pagemap is the emulator's, at the
+				// host's addresses (make test-armv7); natively a read
+				// transaction maps both.
+				t.Skip("/proc/self/pagemap shows pages a read transaction just touched as unmapped: it does not describe this process's mappings (an emulator's)")
 			}
 			if err := DropMapped(db); err != nil {
 				t.Fatal(err)
