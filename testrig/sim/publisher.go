@@ -70,6 +70,8 @@ type Publisher struct {
 	unacked                    atomic.Int64
 	paused                     atomic.Bool
 	lock                       *lockstep // nil without Lockstep
+	// lost[c] counts connection c's losses (see resumeInOrder).
+	lost []atomic.Uint64
 }
 
 // Progress is a snapshot of a Publisher.
@@ -146,6 +148,7 @@ func (p *Publisher) Unacked() int64 { return p.unacked.Load() }
 func (p *Publisher) Run(ctx context.Context) error {
 	n := p.plan.Connections
 	clients := make([]paho.Client, n)
+	p.lost = make([]atomic.Uint64, n)
 	defer func() {
 		for _, c := range clients {
 			if c != nil {
@@ -191,6 +194,9 @@ func (p *Publisher) Run(ctx context.Context) error {
 func (p *Publisher) connect(ctx context.Context, i int) (paho.Client, error) {
 	// A persistent session and an ordered store: after a broker restart
 	// paho resends the unacknowledged publishes in their original order.
+	// A publish made while it does so can overtake them (paho.mqtt.golang
+	// issue 731), so runConn holds new ones until they are acknowledged
+	// (resumeInOrder); lost counts the losses it looks for.
 	opts := paho.NewClientOptions().AddBroker(p.cfg.Broker).
 		SetClientID(fmt.Sprintf("%s-%d", p.cfg.ClientPrefix, i)).
 		SetCleanSession(false).
@@ -201,7 +207,8 @@ func (p *Publisher) connect(ctx context.Context, i int) (paho.Client, error) {
 		SetMaxReconnectInterval(500 * time.Millisecond).
 		SetConnectTimeout(5 * time.Second).
 		SetKeepAlive(10 * time.Second).
-		SetWriteTimeout(30 * time.Second)
+		SetWriteTimeout(30 * time.Second).
+		SetConnectionLostHandler(func(paho.Client, error) { p.lost[i].Add(1) })
 	c := paho.NewClient(opts)
 	tok := c.Connect()
 	select {
@@ -307,6 +314,7 @@ func (p *Publisher) runConn(ctx context.Context, c paho.Client, conn int, start 
 		return a.idx - b.idx
 	})
 	var inflight []pending
+	lost := p.lost[conn].Load()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	if p.lock != nil {
@@ -352,6 +360,15 @@ func (p *Publisher) runConn(ctx context.Context, c paho.Client, conn int, start 
 		if ctx.Err() != nil {
 			break
 		}
+		if p.lost[conn].Load() != lost || !c.IsConnectionOpen() {
+			var err error
+			if inflight, lost, err = p.resumeInOrder(ctx, c, conn, inflight); err != nil {
+				if ctx.Err() != nil {
+					break
+				}
+				return err
+			}
+		}
 		inflight = p.reap(ctx, c, append(inflight, p.publish(c, it)))
 	}
 	// What is in flight is waited for while ctx lives and DrainTimeout
@@ -372,6 +389,35 @@ func (p *Publisher) runConn(ctx context.Context, c paho.Client, conn int, start 
 		}
 	}
 	return nil
+}
+
+// resumeInOrder waits, after connection conn was lost, until it is open
+// again and everything that was in flight is acknowledged: paho resends
+// those itself on the new connection, and a new publish made meanwhile
+// could reach the broker before them. Each device's messages then reach
+// the broker in their planned order across broker restarts, which the
+// truth assumes (a chaos run saw a device's last backlog message overtake
+// the rest of it, and its readings judged late against it). It returns
+// the (empty) in-flight list and the loss count it waited out.
+func (p *Publisher) resumeInOrder(ctx context.Context, c paho.Client, conn int, inflight []pending) ([]pending, uint64, error) {
+	for {
+		lost := p.lost[conn].Load()
+		for !c.IsConnectionOpen() && ctx.Err() == nil {
+			time.Sleep(5 * time.Millisecond) // paho's reconnect has no channel to wait on
+		}
+		for len(inflight) > 0 {
+			if err := p.await(ctx, c, &inflight[0]); err != nil {
+				return inflight, lost, err
+			}
+			inflight = inflight[1:]
+		}
+		if ctx.Err() != nil {
+			return inflight, lost, ctx.Err()
+		}
+		if p.lost[conn].Load() == lost && c.IsConnectionOpen() {
+			return inflight, lost, nil
+		}
+	}
 }
 
 // reap counts the acknowledgements already in, oldest first, so Progress

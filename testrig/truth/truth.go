@@ -16,7 +16,9 @@
 //     the rig cannot know to the millisecond. They are checked as totals per
 //     (device, metric) instead of per window.
 //   - Readings are assumed to reach the agent in each device's send order.
-//     The simulator keeps each device on one connection, which makes that so.
+//     The simulator keeps each device on one connection, and after a
+//     broker restart holds new publishes until paho's resends of what was
+//     in flight are acknowledged, which makes that so.
 package truth
 
 import (
