@@ -70,8 +70,8 @@ type Publisher struct {
 	unacked                    atomic.Int64
 	paused                     atomic.Bool
 	lock                       *lockstep // nil without Lockstep
-	// lost[c] counts connection c's losses (see resumeInOrder).
-	lost []atomic.Uint64
+	// sessions[c] is connection c's session store (see resendStore).
+	sessions []*resendStore
 }
 
 // Progress is a snapshot of a Publisher.
@@ -148,7 +148,7 @@ func (p *Publisher) Unacked() int64 { return p.unacked.Load() }
 func (p *Publisher) Run(ctx context.Context) error {
 	n := p.plan.Connections
 	clients := make([]paho.Client, n)
-	p.lost = make([]atomic.Uint64, n)
+	p.sessions = make([]*resendStore, n)
 	defer func() {
 		for _, c := range clients {
 			if c != nil {
@@ -194,21 +194,21 @@ func (p *Publisher) Run(ctx context.Context) error {
 func (p *Publisher) connect(ctx context.Context, i int) (paho.Client, error) {
 	// A persistent session and an ordered store: after a broker restart
 	// paho resends the unacknowledged publishes in their original order.
-	// A publish made while it does so can overtake them (paho.mqtt.golang
-	// issue 731), so runConn holds new ones until they are acknowledged
-	// (resumeInOrder); lost counts the losses it looks for.
+	// runConn holds new publishes until those resends are acknowledged
+	// (resendStore says when).
+	p.sessions[i] = newResendStore()
 	opts := paho.NewClientOptions().AddBroker(p.cfg.Broker).
 		SetClientID(fmt.Sprintf("%s-%d", p.cfg.ClientPrefix, i)).
 		SetCleanSession(false).
-		SetStore(paho.NewOrderedMemoryStore()).
+		SetStore(p.sessions[i]).
+		SetReconnectingHandler(p.sessions[i].reconnecting).
 		SetAutoReconnect(true).
 		SetConnectRetry(true).
 		SetConnectRetryInterval(100 * time.Millisecond).
 		SetMaxReconnectInterval(500 * time.Millisecond).
 		SetConnectTimeout(5 * time.Second).
 		SetKeepAlive(10 * time.Second).
-		SetWriteTimeout(30 * time.Second).
-		SetConnectionLostHandler(func(paho.Client, error) { p.lost[i].Add(1) })
+		SetWriteTimeout(30 * time.Second)
 	c := paho.NewClient(opts)
 	tok := c.Connect()
 	select {
@@ -314,7 +314,6 @@ func (p *Publisher) runConn(ctx context.Context, c paho.Client, conn int, start 
 		return a.idx - b.idx
 	})
 	var inflight []pending
-	lost := p.lost[conn].Load()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	if p.lock != nil {
@@ -360,13 +359,9 @@ func (p *Publisher) runConn(ctx context.Context, c paho.Client, conn int, start 
 		if ctx.Err() != nil {
 			break
 		}
-		if p.lost[conn].Load() != lost || !c.IsConnectionOpen() {
-			var err error
-			if inflight, lost, err = p.resumeInOrder(ctx, c, conn, inflight); err != nil {
-				if ctx.Err() != nil {
-					break
-				}
-				return err
+		if !c.IsConnectionOpen() || !p.sessions[conn].settled() {
+			if err := p.resumeInOrder(ctx, c, p.sessions[conn]); err != nil {
+				break // stopping: what is in flight is drained below
 			}
 		}
 		inflight = p.reap(ctx, c, append(inflight, p.publish(c, it)))
@@ -391,33 +386,24 @@ func (p *Publisher) runConn(ctx context.Context, c paho.Client, conn int, start 
 	return nil
 }
 
-// resumeInOrder waits, after connection conn was lost, until it is open
-// again and everything that was in flight is acknowledged: paho resends
-// those itself on the new connection, and a new publish made meanwhile
-// could reach the broker before them. Each device's messages then reach
-// the broker in their planned order across broker restarts, which the
-// truth assumes (a chaos run saw a device's last backlog message overtake
-// the rest of it, and its readings judged late against it). It returns
-// the (empty) in-flight list and the loss count it waited out.
-func (p *Publisher) resumeInOrder(ctx context.Context, c paho.Client, conn int, inflight []pending) ([]pending, uint64, error) {
-	for {
-		lost := p.lost[conn].Load()
-		for !c.IsConnectionOpen() && ctx.Err() == nil {
-			time.Sleep(5 * time.Millisecond) // paho's reconnect has no channel to wait on
-		}
-		for len(inflight) > 0 {
-			if err := p.await(ctx, c, &inflight[0]); err != nil {
-				return inflight, lost, err
-			}
-			inflight = inflight[1:]
-		}
-		if ctx.Err() != nil {
-			return inflight, lost, ctx.Err()
-		}
-		if p.lost[conn].Load() == lost && c.IsConnectionOpen() {
-			return inflight, lost, nil
+// resumeInOrder waits, after a connection loss, until the connection is
+// open again and paho's resends of what was in flight are acknowledged: a
+// new publish made meanwhile could reach the broker before them, and each
+// device's messages must reach it in their planned order across broker
+// restarts, which the truth assumes (a chaos run saw a device's last
+// backlog message overtake the rest of it, and its readings judged late
+// against it). It returns ctx's error if ctx ends first.
+func (p *Publisher) resumeInOrder(ctx context.Context, c paho.Client, session *resendStore) error {
+	// Open first, then settled: the reconnect marks the session unsettled
+	// before it opens the connection.
+	for !c.IsConnectionOpen() || !session.settled() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond): // paho's reconnect and acks have no channel to wait on
 		}
 	}
+	return nil
 }
 
 // reap counts the acknowledgements already in, oldest first, so Progress
