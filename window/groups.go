@@ -812,9 +812,6 @@ func deleteKey(c *bolt.Cursor, k []byte) error {
 func (w *chunkWriter) wrote(n int) error {
 	w.written += n
 	if st := w.tx.Stats(); w.written < chunkBytes && st.GetNodeCount() < chunkNodes {
-		if w.written>>15 != (w.written-n)>>15 { // every 32 KiB of rows; commit releases too
-			w.release()
-		}
 		return nil
 	}
 	if err := w.commit(); err != nil {
@@ -839,11 +836,15 @@ func (w *chunkWriter) commit() error {
 }
 
 // release takes the state file's pages out of the resident set (see
-// boltkv.DropMapped). A transaction's reads fault in its rows' pages and,
-// by the kernel's fault-around, up to 15 cached neighbours of each: a
-// checkpoint mapped 14-19 MiB of the state file within the agent's 250 ms
-// drops, and one transaction of chunkBytes of rows 13-16 MiB, so it is
-// also called every 32 KiB of rows.
+// boltkv.DropMapped), after each transaction. A transaction's reads fault
+// in its rows' pages and, by the kernel's fault-around, up to 15 cached
+// neighbours of each; chunkNodes bounds the pages it changes, and so the
+// leaves it reads, to about 2 MiB mapped. Sessions 27-52 also released
+// every 32 KiB of rows inside the transaction (with 4 KiB pages and no
+// node bound, one transaction had mapped 13-16 MiB): under today's bounds
+// that cost about 1 s of CPU per million readings in load mode, every
+// release faulting the next rows' pages back, for no lower peak
+// (docs/performance.md, session 53).
 func (w *chunkWriter) release() { boltkv.ReleaseMapped(w.db, w.log) }
 
 // abort rolls back the open transaction, if any.
