@@ -88,7 +88,7 @@ func interrupts(sigs <-chan os.Signal, stop chan<- struct{}, abort func(), done 
 const (
 	synRun    = "edgerig run [--agent PATH] [--short] [--json FILE] [--dir DIR] [--keep] [--broker mochi|mosquitto] [--mqtt URL] [--nats URL] [--uplink nats|mqtt] [--uplink-broker URL] [--disk-full auto|write-errors] [--quiet] SCENARIO"
 	synDemo   = "edgerig demo [--agent PATH] [--duration D] [--devices N] [--dir DIR] [--json FILE] [--uplink nats|mqtt]"
-	synLoad   = "edgerig load [--agent PATH] [--devices N] [--duration D] [--connections N] [--reading-interval D] [--max-spread D] [--rate N] [--json FILE] [--dir DIR] [--mqtt URL | --embedded] [--uplink nats|mqtt]"
+	synLoad   = "edgerig load [--agent PATH] [--devices N] [--duration D] [--connections N] [--reading-interval D] [--max-spread D] [--rate N] [--max-rate N] [--json FILE] [--dir DIR] [--mqtt URL | --embedded] [--uplink nats|mqtt]"
 	synReplay = "edgerig replay --dir DIR --agent PATH [--agent PATH ...] [--rounds N] [--json FILE]"
 )
 
@@ -354,6 +354,7 @@ func cmdLoad(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	uplink := fs.String("uplink", rig.UplinkNATS, "the agent's uplink: nats (JetStream) or mqtt (a broker of its own)")
 	spread := fs.Duration("max-spread", 0, "keep the devices within this much event time of each other when unpaced (0: unbounded, the connections race)")
 	paced := fs.Int("rate", 0, "pace the publishers at this many `msgs/s` (0: as fast as the agent takes them); compare builds at one rate")
+	maxRate := fs.Int("max-rate", rig.DefaultMaxRate, "unpaced, plan at most this many `msgs/s` (the plan holds 1.5 times the measured ceiling up to this, about 300 bytes a message in the rig's memory)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return parseFailed(fs, err, stdout, stderr)
@@ -368,7 +369,7 @@ func cmdLoad(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if err := checkFlags(checkMin("devices", *devices, 1, "at least 1"), checkMin("duration", *duration, time.Nanosecond, "more than 0"),
 		checkMin("connections", *conns, 1, "at least 1"), checkMin("reading-interval", *interval, time.Nanosecond, "more than 0"), checkMin("rate", *paced, 0, "0 or more"),
-		checkMin("max-spread", *spread, 0, "0 or more"), checkURL("mqtt", *mqtt, mqttSchemes...), rig.CheckUplink(rig.Options{Uplink: *uplink})); err != nil {
+		checkMin("max-rate", *maxRate, 1, "at least 1"), checkMin("max-spread", *spread, 0, "0 or more"), checkURL("mqtt", *mqtt, mqttSchemes...), rig.CheckUplink(rig.Options{Uplink: *uplink})); err != nil {
 		fmt.Fprintf(stderr, "edgerig load: %v\n", err)
 		return exitUsage
 	}
@@ -377,7 +378,7 @@ func cmdLoad(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	lr, err := rig.Load(ctx, rig.LoadOptions{Agent: *agent, Devices: *devices, Duration: *duration, Connections: *conns,
-		ReadingInterval: *interval, MaxSpread: *spread, Rate: *paced, MQTT: *mqtt, Embedded: *embedded, Uplink: *uplink, Dir: *dir, Progress: stderr})
+		ReadingInterval: *interval, MaxSpread: *spread, Rate: *paced, MaxRate: *maxRate, MQTT: *mqtt, Embedded: *embedded, Uplink: *uplink, Dir: *dir, Progress: stderr})
 	if err != nil {
 		fmt.Fprintf(stderr, "edgerig load: %v\n", err)
 		return exitError

@@ -46,6 +46,7 @@ func TestUsageAndScenarios(t *testing.T) {
 		{[]string{"load", "--agent", "/nonexistent", "--devices", "0"}, exitUsage, "--devices 0"},
 		{[]string{"load", "--agent", "/nonexistent", "--duration", "0s", "--connections", "0"}, exitUsage, "--connections 0"},
 		{[]string{"load", "--agent", "/nonexistent", "--mqtt", "localhost:1883"}, exitUsage, "--mqtt"},
+		{[]string{"load", "--agent", "/nonexistent", "--max-rate", "0"}, exitUsage, "--max-rate 0"},
 		{[]string{"run", "--agent", "/nonexistent", "--uplink", "mqtt", "--uplink-broker", "localhost:1883", "steady"}, exitUsage, `--uplink-broker "localhost:1883": want tcp|mqtt://host:port`},
 		// A --json FILE that cannot be written is said before the run.
 		{[]string{"run", "--agent", "/nonexistent", "--json", "/nonexistent/dir/report.json", "steady"}, exitUsage, "--json: open /nonexistent/dir/report.json: no such file or directory"},
