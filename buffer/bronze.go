@@ -239,6 +239,9 @@ func (b *Bronze) Append(recs []Record) error {
 	var arena []byte
 	var ends []int
 	err := b.db.Update(func(tx *bolt.Tx) error {
+		// bbolt's record of reused pages grows with the log (see
+		// boltkv.ForgetAllocations): up to 4 MB of the heap in load mode.
+		boltkv.ForgetAllocations(tx)
 		var add int64
 		size := 0
 		for i := range recs {
