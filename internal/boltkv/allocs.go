@@ -22,7 +22,7 @@ var maxAllocs = 4096
 // page that was allocated and freed after that read began; a page it does
 // not find waits until the older readers end, as any other. An append-only
 // log frees its pages only when it trims them, so from its first reuse of
-// a freed page the record grows with the log: 150,000 entries, 4.6 MB of
+// a freed page the record grows with the log: 150,000 entries, 4.5 MB of
 // heap, for 600 MB of chunks held at a byte bound (measured), and in load
 // mode Bronze's record was 2.5 MB of the heap at 4 minutes and 4.1 MB at 8.
 // Go's maps never shrink, so the record is replaced, not cleared.
