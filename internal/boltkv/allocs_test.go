@@ -11,9 +11,10 @@ import (
 // bound, as Bronze runs once full: every commit trims the oldest keys and
 // appends as many, so its pages come from the freelist and bbolt records
 // each one. Without ForgetAllocations the record holds every page of the
-// log; with it, never more than maxAllocs and a commit's worth. A reader
-// open throughout keeps bbolt's release of pending pages on the path that
-// reads the record, and the file must check clean at the end.
+// log; with it, never more than maxAllocs and a few commits' worth. A
+// reader held open through the first pass of the log keeps bbolt's release
+// of pending pages on the path that reads the record (releaseRange), and
+// the file must check clean at the end.
 func TestForgetAllocationsBoundsBboltsRecord(t *testing.T) {
 	defer func(n int) { maxAllocs = n }(maxAllocs)
 	maxAllocs = 512
