@@ -757,14 +757,18 @@ var chunkBytes = 256 << 10
 // the map, and the kernel's fault-around maps each with up to 15 cached
 // neighbours: a checkpoint that sweeps expired groups deletes thousands of
 // rows for a few bytes of keys each, and one such commit mapped 22 MiB of
-// the state file at once (load mode, 10,000 devices). 32 pages keep a
-// commit's pages near 2 MiB: with 64, load mode's runs at 33-45k msgs/s
-// had 3.6-3.9 MiB of the state file mapped at their peaks, which then
-// missed the 40 MB target by up to 2.4 MiB; 16 peaked no lower than 32 for
-// more CPU (docs/performance.md, session 40; 4 KiB pages then, and again
-// with StatePageSize's, session 46). It is a variable only so tests can
-// set it.
-var chunkNodes int64 = 32
+// the state file at once (load mode, 10,000 devices). 16 pages keep a
+// commit's pages near 1 MiB (a 32 KiB page and its neighbour in the
+// fault-around's 64 KiB each). Sampled every 4 ms through a load run at
+// 32, the state file held 1.9-2.3 MiB in each of the run's twelve highest
+// samples of the resident set against 0.13 MiB in the median one: the
+// checkpoint's commits set the peak. At 16 the peak fell by about 1 MiB
+// for no CPU the runs could show (docs/performance.md, session 55;
+// sessions 40 and 46 had found no difference between 16 and 32 at slower
+// rates and noisier peaks). With 64, load mode's runs at 33-45k msgs/s had
+// 3.6-3.9 MiB of the state file mapped at their peaks. It is a variable
+// only so tests can set it.
+var chunkNodes int64 = 16
 
 // afterChunk, if set (by tests), runs after each transaction of a
 // checkpoint but its last commits; an error fails the checkpoint there.
@@ -839,7 +843,7 @@ func (w *chunkWriter) commit() error {
 // boltkv.DropMapped), after each transaction. A transaction's reads fault
 // in its rows' pages and, by the kernel's fault-around, up to 15 cached
 // neighbours of each; chunkNodes bounds the pages it changes, and so the
-// leaves it reads, to about 2 MiB mapped. Sessions 27-52 also released
+// leaves it reads, to about 1 MiB mapped. Sessions 27-52 also released
 // every 32 KiB of rows inside the transaction (with 4 KiB pages and no
 // node bound, one transaction had mapped 13-16 MiB): under today's bounds
 // that cost about 1 s of CPU per million readings in load mode, every
