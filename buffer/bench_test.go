@@ -113,13 +113,13 @@ func BenchmarkAppendRead(b *testing.B) {
 // records the tail holds.
 func BenchmarkReadTail(b *testing.B) {
 	bz := openTemp(b)
-	src := benchRecords(4_000) // within the 1 MiB tail
+	src := benchRecords(2_000) // within the 512 KiB tail
 	for i := 0; i < len(src); i += 1000 {
 		if err := bz.Append(src[i : i+1000]); err != nil {
 			b.Fatal(err)
 		}
 	}
-	from := bz.LastSeq() - 3_999
+	from := bz.LastSeq() - 1_999
 	if bz.tail[0].first > from {
 		b.Fatalf("the tail starts at %d, not at %d", bz.tail[0].first, from)
 	}
@@ -127,7 +127,7 @@ func BenchmarkReadTail(b *testing.B) {
 	m := startMeter(b)
 	i := 0
 	for b.Loop() {
-		got, err := bz.Read(from+uint64(i%3)*1000, 1000)
+		got, err := bz.Read(from+uint64(i%2)*1000, 1000)
 		if err != nil || len(got) != 1000 {
 			b.Fatalf("read %d records: %v", len(got), err)
 		}
