@@ -334,9 +334,9 @@ func (b *Bronze) putChunks(log *bolt.Bucket, first uint64, arena []byte, ends []
 // rig's load mode (50,000 messages/s, 70 KB an append), all a window stage
 // that keeps up needs; a stage behind it reads the chunks back from disk.
 // Load mode, three alternated pairs: peak RSS 96-102 MiB at 1 MiB against
-// 104-107 MiB at 4 MiB, CPU within the runs' noise (session 14); 512 KiB
-// took its part of the peak down with it, the arenas the tail holds
-// (docs/performance.md, session 55).
+// 104-107 MiB at 4 MiB, CPU within the runs' noise (session 14). At 512 KiB
+// the tail's arenas hold half the heap they did at 1 MiB, which took part
+// of load mode's peak down (docs/performance.md, session 55).
 const tailMaxBytes = 512 << 10
 
 // tailChunk is one committed append: arena is the chunk as stored (each

@@ -762,10 +762,12 @@ var chunkBytes = 256 << 10
 // fault-around's 64 KiB each). Sampled every 4 ms through a load run at
 // 32, the state file held 1.9-2.3 MiB in each of the run's twelve highest
 // samples of the resident set against 0.13 MiB in the median one: the
-// checkpoint's commits set the peak. At 16 the peak fell by about 1 MiB
-// for no CPU the runs could show (docs/performance.md, session 55;
-// sessions 40 and 46 had found no difference between 16 and 32 at slower
-// rates and noisier peaks). With 64, load mode's runs at 33-45k msgs/s had
+// checkpoint's commits set the peak. At 16 the peak fell by about 1 MiB,
+// CPU within the runs' spread (docs/performance.md, session 55; sessions
+// 40 and 46, at slower rates and noisier peaks, had found 16 no lower
+// than 32, and dearer in CPU in two of three pairs: each commit also
+// rewrites the branch pages above its leaves). With 64, load mode's runs
+// at 33-45k msgs/s had
 // 3.6-3.9 MiB of the state file mapped at their peaks. It is a variable
 // only so tests can set it.
 var chunkNodes int64 = 16
