@@ -767,9 +767,8 @@ var chunkBytes = 256 << 10
 // 40 and 46, at slower rates and noisier peaks, had found 16 no lower
 // than 32, and dearer in CPU in two of three pairs: each commit also
 // rewrites the branch pages above its leaves). With 64, load mode's runs
-// at 33-45k msgs/s had
-// 3.6-3.9 MiB of the state file mapped at their peaks. It is a variable
-// only so tests can set it.
+// at 33-45k msgs/s had 3.6-3.9 MiB of the state file mapped at their
+// peaks. It is a variable only so tests can set it.
 var chunkNodes int64 = 16
 
 // afterChunk, if set (by tests), runs after each transaction of a
